@@ -1,0 +1,73 @@
+#include "sinew/mpi/environment.hpp"
+
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "sinew/config.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/mpi/check.hpp"
+
+namespace sinew::mpi {
+
+Environment::Environment(int* argc, char*** argv) {
+  int provided = 0;
+  const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (rc != MPI_SUCCESS) SINEW_THROW(CommFailure, "MPI_Init_thread failed: {}", error_string(rc));
+  SINEW_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  SINEW_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  SINEW_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    SINEW_THROW(CommFailure,
+                "this MPI does not provide MPI_THREAD_MULTIPLE (got level {}); Sinew reduces gradients on a "
+                "communication thread. Use an MPI built with thread support (the set-up script's Open MPI 5).",
+                provided);
+  }
+}
+
+Environment::~Environment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::string library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string s(text, static_cast<size_t>(len));
+  if (auto nl = s.find_first_of("\n,"); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+bool ulfm_compiled() noexcept { return SINEW_HAVE_ULFM != 0; }
+
+namespace {
+bool read_ulfm_enabled() {
+  if (!ulfm_compiled()) return false;
+  if (library_version().find("Open MPI") == std::string::npos) return false;
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return false;
+  bool enabled = false;
+  int index = -1;
+  if (MPI_T_cvar_get_index("mpi_ft_enable", &index) == MPI_SUCCESS) {
+    MPI_T_cvar_handle handle{};
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+      int value = 0;  // a bool cvar is read as an int
+      if (MPI_T_cvar_read(handle, &value) == MPI_SUCCESS) enabled = value != 0;
+      MPI_T_cvar_handle_free(&handle);
+    }
+  }
+  MPI_T_finalize();
+  return enabled;
+}
+}  // namespace
+
+bool ulfm_enabled() {
+  static const bool enabled = read_ulfm_enabled();  // fixed for the life of the job
+  return enabled;
+}
+
+}  // namespace sinew::mpi
