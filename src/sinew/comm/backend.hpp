@@ -1,0 +1,101 @@
+// The communication-backend interface: collectives and point-to-point over the current group.
+//
+// Every operation is started without blocking and returns a Work (PyTorch c10d style). Work::wait takes a
+// deadline: an operation that has not completed by then throws sinew::Timeout instead of hanging; the
+// caller then aborts the backend (which, with ULFM, revokes the communicator so that peers blocked in the
+// same operation return too) and rebuilds the group. A backend that does not support an operation throws
+// InvalidArgument naming the backend.
+//
+// Implementations live in one folder each with the same file names: comm/mpi/ (MPI), later comm/nccl/.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+
+namespace sinew::comm {
+
+using namespace std::chrono_literals;
+
+enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kUInt8 };
+enum class ReduceOp : std::uint8_t { kSum, kMax, kMin };
+
+std::size_t dtype_size(DType t) noexcept;
+const char* dtype_name(DType t) noexcept;
+const char* reduce_op_name(ReduceOp op) noexcept;
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>) return DType::kFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::kInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::kInt64;
+  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::byte>) return DType::kUInt8;
+  else static_assert(!sizeof(T), "unsupported element type");
+}
+
+/// A typed view of memory handed to a backend; the caller keeps it alive until the Work completes.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;  ///< elements, not bytes
+  DType dtype = DType::kUInt8;
+
+  template <class T>
+  static Buffer of(std::span<T> s) {
+    return {const_cast<std::remove_const_t<T>*>(s.data()), s.size(), dtype_of<std::remove_const_t<T>>()};
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept { return count * dtype_size(dtype); }
+};
+
+/// Per-operation options.
+struct Options {
+  /// How long wait() may block before it throws Timeout. Generous by default: a big first allreduce on
+  /// an oversubscribed node can take seconds; a hung peer must still never block forever.
+  std::chrono::milliseconds timeout = 300s;
+  int tag = 0;  ///< point-to-point tag
+};
+
+/// An operation in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Makes progress; true once complete. Throws CommFailure if the operation failed.
+  virtual bool test() = 0;
+  /// Blocks until complete. Throws Timeout after `timeout`, CommFailure if a peer failed.
+  /// After an exception the operation's buffers are in an unspecified state.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  [[nodiscard]] virtual std::string name() const = 0;
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual int size() const = 0;
+
+  /// In-place reduction of `buf` over all ranks.
+  virtual std::unique_ptr<Work> allreduce(Buffer buf, ReduceOp op, const Options& opts) = 0;
+  /// In-place broadcast of `buf` from `root`.
+  virtual std::unique_ptr<Work> broadcast(Buffer buf, int root, const Options& opts) = 0;
+  /// Gathers `in` from every rank into `out` (size() * in.count elements, rank order).
+  virtual std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) = 0;
+  virtual std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) = 0;
+  virtual std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) = 0;
+  virtual std::unique_ptr<Work> barrier(const Options& opts) = 0;
+
+  /// Makes every pending and future operation of this backend fail promptly, here and (where the
+  /// transport allows, e.g. ULFM revoke) at the peers. Used after a Timeout or a failure. Never throws.
+  virtual void abort() noexcept = 0;
+
+  // Blocking conveniences: start, then wait with opts.timeout.
+  void allreduce_sync(Buffer buf, ReduceOp op, const Options& opts = {}) { allreduce(buf, op, opts)->wait(opts.timeout); }
+  void broadcast_sync(Buffer buf, int root, const Options& opts = {}) { broadcast(buf, root, opts)->wait(opts.timeout); }
+  void allgather_sync(Buffer in, Buffer out, const Options& opts = {}) { allgather(in, out, opts)->wait(opts.timeout); }
+  void barrier_sync(const Options& opts = {}) { barrier(opts)->wait(opts.timeout); }
+};
+
+}  // namespace sinew::comm

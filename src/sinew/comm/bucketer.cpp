@@ -1,0 +1,136 @@
+#include "sinew/comm/bucketer.hpp"
+
+#include <algorithm>
+
+#include "sinew/core/error.hpp"
+#include "sinew/core/timer.hpp"
+
+namespace sinew::comm {
+
+GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads, const std::vector<Range>& ready_order,
+                                   BucketOptions opts)
+    : backend_(backend), grads_(grads), opts_(opts) {
+  if (ready_order.empty()) SINEW_THROW(InvalidArgument, "bucketer: no gradient ranges");
+  std::size_t covered = 0;
+  const std::size_t target = std::max<std::size_t>(opts_.bucket_bytes / sizeof(float), 1);
+  for (std::size_t i = 0; i < ready_order.size(); ++i) {
+    const Range& r = ready_order[i];
+    if (r.count == 0 || r.offset + r.count > grads.size()) {
+      SINEW_THROW(InvalidArgument, "bucketer: range [{}, {}) is empty or outside the {} gradients", r.offset,
+                  r.offset + r.count, grads.size());
+    }
+    covered += r.count;
+    const bool adjacent = !buckets_.empty() && (r.offset + r.count == buckets_.back().range.offset ||
+                                                buckets_.back().range.offset + buckets_.back().range.count == r.offset);
+    if (buckets_.empty() || !adjacent || buckets_.back().range.count >= target) {
+      buckets_.push_back({r, 1, 0});
+    } else {
+      Bucket& b = buckets_.back();
+      b.range.offset = std::min(b.range.offset, r.offset);
+      b.range.count += r.count;
+      ++b.ranges_total;
+    }
+    bucket_of_offset_.emplace_back(r.offset, buckets_.size() - 1);
+  }
+  if (covered != grads.size()) {
+    SINEW_THROW(InvalidArgument, "bucketer: ranges cover {} of {} gradients; they must cover each exactly once",
+                covered, grads.size());
+  }
+  std::sort(bucket_of_offset_.begin(), bucket_of_offset_.end());
+  if (opts_.overlap) thread_ = std::thread([this] { run(); });
+}
+
+GradientBucketer::~GradientBucketer() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<Range> GradientBucketer::buckets() const {
+  std::vector<Range> out;
+  out.reserve(buckets_.size());
+  for (const auto& b : buckets_) out.push_back(b.range);
+  return out;
+}
+
+void GradientBucketer::mark_ready(Range r) {
+  auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(), std::make_pair(r.offset, std::size_t{0}));
+  if (it == bucket_of_offset_.end() || it->first != r.offset) {
+    SINEW_THROW(InvalidArgument, "bucketer: range at offset {} is not one of the registered ranges", r.offset);
+  }
+  bool notify = false;
+  {
+    std::lock_guard lock(mu_);
+    Bucket& b = buckets_[it->second];
+    SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
+    notify = ++b.ranges_ready == b.ranges_total;
+  }
+  if (notify && opts_.overlap) cv_.notify_all();
+}
+
+void GradientBucketer::reduce(std::size_t b) {
+  const Range r = buckets_[b].range;
+  const auto start = Clock::now();
+  backend_.allreduce(Buffer::of(grads_.subspan(r.offset, r.count)), ReduceOp::kSum, opts_.op)->wait(opts_.op.timeout);
+  const double ms = seconds_since(start) * 1e3;
+  std::lock_guard lock(mu_);
+  comm_ms_ += ms;
+  ++reduced_;
+}
+
+void GradientBucketer::run() {
+  for (;;) {
+    std::size_t b = 0;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || (error_ == nullptr && reduced_ < buckets_.size() &&
+                         buckets_[reduced_].ranges_ready == buckets_[reduced_].ranges_total);
+      });
+      if (stop_) return;
+      b = reduced_;
+    }
+    try {
+      reduce(b);
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      error_ = std::current_exception();
+    }
+    cv_.notify_all();
+  }
+}
+
+void GradientBucketer::finish() {
+  const auto start = Clock::now();
+  if (!opts_.overlap) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      SINEW_ENFORCE(buckets_[b].ranges_ready == buckets_[b].ranges_total, "bucket {} not complete at finish()", b);
+      reduce(b);
+    }
+  } else {
+    std::unique_lock lock(mu_);
+    // The communication thread enforces each allreduce's deadline; this bound only guards against a bug.
+    const auto bound = opts_.op.timeout * static_cast<int>(buckets_.size() + 1);
+    if (!cv_.wait_for(lock, bound, [&] { return error_ != nullptr || reduced_ == buckets_.size(); })) {
+      SINEW_THROW(Timeout, "gradient buckets not reduced within {} ms", bound.count());
+    }
+    if (error_) {
+      auto e = std::exchange(error_, nullptr);
+      reduced_ = 0;
+      for (auto& bk : buckets_) bk.ranges_ready = 0;
+      lock.unlock();
+      std::rethrow_exception(e);
+    }
+  }
+  std::lock_guard lock(mu_);
+  last_exposed_ms_ = seconds_since(start) * 1e3;
+  last_comm_ms_ = comm_ms_;
+  comm_ms_ = 0;
+  reduced_ = 0;
+  for (auto& b : buckets_) b.ranges_ready = 0;
+}
+
+}  // namespace sinew::comm

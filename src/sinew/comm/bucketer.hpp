@@ -1,0 +1,91 @@
+// Gradient bucketing with overlap, as the best data-parallel systems do it (PyTorch DDP, Horovod, Bagua).
+//
+// Gradients live in one flat buffer. The bucketer splits it into buckets of about `bucket_bytes`, in the
+// order in which backward produces the gradients (last layer first), so each bucket is one contiguous
+// range of the buffer: it is reduced in place, with no copy into a fusion buffer. As soon as backward
+// reports the last gradient range of a bucket, a communication thread starts its allreduce while backward
+// goes on with earlier layers. Buckets are reduced in bucket order on every rank, so all ranks issue the
+// same collectives in the same order.
+//
+// The reduction is a sum. Training makes it the exact mean over the global batch by dividing each rank's
+// loss by the global number of samples in the step (see model::softmax_cross_entropy), which also stays
+// exact when the last step of an epoch gives ranks unequal batches.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "sinew/comm/backend.hpp"
+
+namespace sinew::comm {
+
+/// A contiguous range of the flat gradient buffer, in elements.
+struct Range {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+struct BucketOptions {
+  std::size_t bucket_bytes = 4u << 20;  ///< target bucket size; a range larger than this is a bucket alone
+  bool overlap = true;                   ///< reduce on a communication thread while backward runs
+  Options op;                            ///< per-allreduce options (deadline)
+};
+
+class GradientBucketer {
+ public:
+  /// `ready_order`: the ranges in the order backward reports them; together they must cover `grads`
+  /// exactly once, and consecutive ranges must be adjacent (each bucket is then contiguous).
+  GradientBucketer(Backend& backend, std::span<float> grads, const std::vector<Range>& ready_order,
+                   BucketOptions opts);
+  GradientBucketer(const GradientBucketer&) = delete;
+  GradientBucketer& operator=(const GradientBucketer&) = delete;
+  /// Stops the communication thread (after the bucket in flight, if any).
+  ~GradientBucketer();
+
+  /// Reported by backward: the gradients of `r` (one entry of ready_order) are final.
+  void mark_ready(Range r);
+  /// Blocks until every bucket of this step is reduced, then re-arms for the next step. Rethrows a
+  /// failure of the communication thread (CommFailure, Timeout). Without overlap the buckets are reduced
+  /// here, on the calling thread.
+  void finish();
+
+  [[nodiscard]] std::size_t num_buckets() const noexcept { return buckets_.size(); }
+  [[nodiscard]] std::vector<Range> buckets() const;
+  /// Milliseconds the last step's allreduces took on the communication thread (sum over buckets).
+  [[nodiscard]] double last_comm_ms() const noexcept { return last_comm_ms_; }
+  /// Milliseconds finish() blocked in the last step: communication not hidden behind backward.
+  [[nodiscard]] double last_exposed_ms() const noexcept { return last_exposed_ms_; }
+
+ private:
+  struct Bucket {
+    Range range;
+    std::size_t ranges_total = 0;
+    std::size_t ranges_ready = 0;
+  };
+  void run();                  // communication thread
+  void reduce(std::size_t b);  // one bucket, on the calling thread
+
+  Backend& backend_;
+  std::span<float> grads_;
+  BucketOptions opts_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_offset_;  // (range offset, bucket), sorted
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t reduced_ = 0;         // guarded by mu_: buckets [0, reduced_) are reduced this step
+  std::exception_ptr error_;        // guarded by mu_
+  bool stop_ = false;               // guarded by mu_
+  double comm_ms_ = 0;              // guarded by mu_
+  double last_comm_ms_ = 0;
+  double last_exposed_ms_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace sinew::comm

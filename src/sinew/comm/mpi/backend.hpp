@@ -1,0 +1,47 @@
+// The MPI backend: Sinew's Backend over an MPI communicator, with nonblocking MPI operations polled
+// against a deadline, so that no call can hang forever.
+#pragma once
+
+#include <atomic>
+
+#include "sinew/comm/backend.hpp"
+#include "sinew/mpi/communicator.hpp"
+
+namespace sinew::comm::mpi {
+
+class MpiBackend final : public Backend {
+ public:
+  /// Duplicates `comm`, so that Sinew's traffic never matches the application's messages.
+  explicit MpiBackend(const sinew::mpi::Communicator& comm);
+
+  [[nodiscard]] std::string name() const override { return "mpi"; }
+  [[nodiscard]] int rank() const override { return rank_; }
+  [[nodiscard]] int size() const override { return size_; }
+
+  std::unique_ptr<Work> allreduce(Buffer buf, ReduceOp op, const Options& opts) override;
+  std::unique_ptr<Work> broadcast(Buffer buf, int root, const Options& opts) override;
+  std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) override;
+  std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) override;
+  std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) override;
+  std::unique_ptr<Work> barrier(const Options& opts) override;
+  /// With ULFM: revokes the communicator (peers' pending operations return MPIX_ERR_REVOKED).
+  /// Without: later operations fail at once; pending ones cannot be interrupted.
+  void abort() noexcept override;
+
+  [[nodiscard]] MPI_Comm comm() const noexcept { return comm_.get(); }
+
+ private:
+  void check_usable() const;
+  void check_peer(int peer, const char* op) const;
+
+  sinew::mpi::Communicator comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::atomic<bool> aborted_{false};
+};
+
+/// The MPI datatype and operation for Sinew's enums.
+MPI_Datatype to_mpi(DType t);
+MPI_Op to_mpi(ReduceOp op);
+
+}  // namespace sinew::comm::mpi
