@@ -30,12 +30,18 @@ const char* reduce_op_name(ReduceOp op) noexcept;
 
 template <class T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::kFloat32;
-  else if constexpr (std::is_same_v<T, double>) return DType::kFloat64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::kInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::kInt64;
-  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::byte>) return DType::kUInt8;
-  else static_assert(!sizeof(T), "unsupported element type");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::kFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::kInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::kInt64;
+  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::byte>)
+    return DType::kUInt8;
+  else
+    static_assert(!sizeof(T), "unsupported element type");
 }
 
 /// A typed view of memory handed to a backend; the caller keeps it alive until the Work completes.
@@ -92,9 +98,15 @@ class Backend {
   virtual void abort() noexcept = 0;
 
   // Blocking conveniences: start, then wait with opts.timeout.
-  void allreduce_sync(Buffer buf, ReduceOp op, const Options& opts = {}) { allreduce(buf, op, opts)->wait(opts.timeout); }
-  void broadcast_sync(Buffer buf, int root, const Options& opts = {}) { broadcast(buf, root, opts)->wait(opts.timeout); }
-  void allgather_sync(Buffer in, Buffer out, const Options& opts = {}) { allgather(in, out, opts)->wait(opts.timeout); }
+  void allreduce_sync(Buffer buf, ReduceOp op, const Options& opts = {}) {
+    allreduce(buf, op, opts)->wait(opts.timeout);
+  }
+  void broadcast_sync(Buffer buf, int root, const Options& opts = {}) {
+    broadcast(buf, root, opts)->wait(opts.timeout);
+  }
+  void allgather_sync(Buffer in, Buffer out, const Options& opts = {}) {
+    allgather(in, out, opts)->wait(opts.timeout);
+  }
   void barrier_sync(const Options& opts = {}) { barrier(opts)->wait(opts.timeout); }
 };
 

@@ -7,8 +7,8 @@
 
 namespace sinew::comm {
 
-GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads, const std::vector<Range>& ready_order,
-                                   BucketOptions opts)
+GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
+                                   const std::vector<Range>& ready_order, BucketOptions opts)
     : backend_(backend), grads_(grads), opts_(opts) {
   if (ready_order.empty()) SINEW_THROW(InvalidArgument, "bucketer: no gradient ranges");
   std::size_t covered = 0;
@@ -20,8 +20,9 @@ GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads, con
                   r.offset + r.count, grads.size());
     }
     covered += r.count;
-    const bool adjacent = !buckets_.empty() && (r.offset + r.count == buckets_.back().range.offset ||
-                                                buckets_.back().range.offset + buckets_.back().range.count == r.offset);
+    const bool adjacent =
+        !buckets_.empty() && (r.offset + r.count == buckets_.back().range.offset ||
+                              buckets_.back().range.offset + buckets_.back().range.count == r.offset);
     if (buckets_.empty() || !adjacent || buckets_.back().range.count >= target) {
       buckets_.push_back({r, 1, 0});
     } else {
@@ -33,8 +34,9 @@ GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads, con
     bucket_of_offset_.emplace_back(r.offset, buckets_.size() - 1);
   }
   if (covered != grads.size()) {
-    SINEW_THROW(InvalidArgument, "bucketer: ranges cover {} of {} gradients; they must cover each exactly once",
-                covered, grads.size());
+    SINEW_THROW(InvalidArgument,
+                "bucketer: ranges cover {} of {} gradients; they must cover each exactly once", covered,
+                grads.size());
   }
   std::sort(bucket_of_offset_.begin(), bucket_of_offset_.end());
   if (opts_.overlap) thread_ = std::thread([this] { run(); });
@@ -57,9 +59,11 @@ std::vector<Range> GradientBucketer::buckets() const {
 }
 
 void GradientBucketer::mark_ready(Range r) {
-  auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(), std::make_pair(r.offset, std::size_t{0}));
+  auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(),
+                             std::make_pair(r.offset, std::size_t{0}));
   if (it == bucket_of_offset_.end() || it->first != r.offset) {
-    SINEW_THROW(InvalidArgument, "bucketer: range at offset {} is not one of the registered ranges", r.offset);
+    SINEW_THROW(InvalidArgument, "bucketer: range at offset {} is not one of the registered ranges",
+                r.offset);
   }
   bool notify = false;
   {
@@ -74,7 +78,8 @@ void GradientBucketer::mark_ready(Range r) {
 void GradientBucketer::reduce(std::size_t b) {
   const Range r = buckets_[b].range;
   const auto start = Clock::now();
-  backend_.allreduce(Buffer::of(grads_.subspan(r.offset, r.count)), ReduceOp::kSum, opts_.op)->wait(opts_.op.timeout);
+  backend_.allreduce(Buffer::of(grads_.subspan(r.offset, r.count)), ReduceOp::kSum, opts_.op)
+      ->wait(opts_.op.timeout);
   const double ms = seconds_since(start) * 1e3;
   std::lock_guard lock(mu_);
   comm_ms_ += ms;
@@ -107,7 +112,8 @@ void GradientBucketer::finish() {
   const auto start = Clock::now();
   if (!opts_.overlap) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      SINEW_ENFORCE(buckets_[b].ranges_ready == buckets_[b].ranges_total, "bucket {} not complete at finish()", b);
+      SINEW_ENFORCE(buckets_[b].ranges_ready == buckets_[b].ranges_total,
+                    "bucket {} not complete at finish()", b);
       reduce(b);
     }
   } else {

@@ -33,8 +33,8 @@ struct Range {
 
 struct BucketOptions {
   std::size_t bucket_bytes = 4u << 20;  ///< target bucket size; a range larger than this is a bucket alone
-  bool overlap = true;                   ///< reduce on a communication thread while backward runs
-  Options op;                            ///< per-allreduce options (deadline)
+  bool overlap = true;                  ///< reduce on a communication thread while backward runs
+  Options op;                           ///< per-allreduce options (deadline)
 };
 
 class GradientBucketer {
@@ -79,10 +79,10 @@ class GradientBucketer {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::size_t reduced_ = 0;         // guarded by mu_: buckets [0, reduced_) are reduced this step
-  std::exception_ptr error_;        // guarded by mu_
-  bool stop_ = false;               // guarded by mu_
-  double comm_ms_ = 0;              // guarded by mu_
+  std::size_t reduced_ = 0;   // guarded by mu_: buckets [0, reduced_) are reduced this step
+  std::exception_ptr error_;  // guarded by mu_
+  bool stop_ = false;         // guarded by mu_
+  double comm_ms_ = 0;        // guarded by mu_
   double last_comm_ms_ = 0;
   double last_exposed_ms_ = 0;
   std::thread thread_;

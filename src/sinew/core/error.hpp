@@ -91,12 +91,12 @@ template <class E>
   ::sinew::detail::raise<::sinew::Type>(std::source_location::current(), ::fmt::format(__VA_ARGS__))
 
 /// Check an invariant that only a bug can break; prints the condition.
-#define SINEW_ENFORCE(cond, ...)                                                                           \
-  do {                                                                                                     \
-    if (!(cond)) [[unlikely]]                                                                              \
-      ::sinew::detail::raise<::sinew::InternalError>(std::source_location::current(),                      \
-                                                     ::fmt::format("check failed: {}: {}", #cond,          \
-                                                                   ::fmt::format(__VA_ARGS__)));           \
+#define SINEW_ENFORCE(cond, ...)                                                     \
+  do {                                                                               \
+    if (!(cond)) [[unlikely]]                                                        \
+      ::sinew::detail::raise<::sinew::InternalError>(                                \
+          std::source_location::current(),                                           \
+          ::fmt::format("check failed: {}: {}", #cond, ::fmt::format(__VA_ARGS__))); \
   } while (false)
 
 /// Check that two values are equal; prints both values (gloo's ENFORCE_EQ).
@@ -106,7 +106,6 @@ template <class E>
     const auto& sinew_b_ = (b);                                                                            \
     if (!(sinew_a_ == sinew_b_)) [[unlikely]]                                                              \
       ::sinew::detail::raise<::sinew::InternalError>(                                                      \
-          std::source_location::current(),                                                                \
-          ::fmt::format("check failed: {} == {} ({} vs {}): {}", #a, #b, sinew_a_, sinew_b_,               \
-                        ::fmt::format(__VA_ARGS__)));                                                      \
+          std::source_location::current(), ::fmt::format("check failed: {} == {} ({} vs {}): {}", #a, #b,  \
+                                                         sinew_a_, sinew_b_, ::fmt::format(__VA_ARGS__))); \
   } while (false)

@@ -30,9 +30,8 @@ void check(int code, const char* call, const std::source_location& where) {
   if (code == MPI_SUCCESS) [[likely]]
     return;
   if (is_process_failure(code)) {
-    throw CommFailure(fmt::format("{} failed: {} (a peer died or the group was revoked)", call,
-                                  error_string(code)),
-                      where);
+    throw CommFailure(
+        fmt::format("{} failed: {} (a peer died or the group was revoked)", call, error_string(code)), where);
   }
   throw Error(fmt::format("{} failed: {}", call, error_string(code)), where);
 }

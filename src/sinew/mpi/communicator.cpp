@@ -7,7 +7,9 @@
 namespace sinew::mpi {
 
 namespace {
-bool predefined(MPI_Comm comm) { return comm == MPI_COMM_WORLD || comm == MPI_COMM_SELF || comm == MPI_COMM_NULL; }
+bool predefined(MPI_Comm comm) {
+  return comm == MPI_COMM_WORLD || comm == MPI_COMM_SELF || comm == MPI_COMM_NULL;
+}
 }  // namespace
 
 Communicator::Communicator(MPI_Comm comm) : comm_(comm), owned_(!predefined(comm)) {

@@ -19,10 +19,11 @@ Environment::Environment(int* argc, char*** argv) {
   SINEW_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   SINEW_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   if (provided < MPI_THREAD_MULTIPLE) {
-    SINEW_THROW(CommFailure,
-                "this MPI does not provide MPI_THREAD_MULTIPLE (got level {}); Sinew reduces gradients on a "
-                "communication thread. Use an MPI built with thread support (the set-up script's Open MPI 5).",
-                provided);
+    SINEW_THROW(
+        CommFailure,
+        "this MPI does not provide MPI_THREAD_MULTIPLE (got level {}); Sinew reduces gradients on a "
+        "communication thread. Use an MPI built with thread support (the set-up script's Open MPI 5).",
+        provided);
   }
 }
 

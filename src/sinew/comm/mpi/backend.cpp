@@ -21,20 +21,28 @@ using sinew::mpi::Request;
 
 MPI_Datatype to_mpi(DType t) {
   switch (t) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
-    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    case DType::kUInt8:
+      return MPI_UINT8_T;
   }
   SINEW_THROW(InvalidArgument, "mpi backend: unknown dtype {}", static_cast<int>(t));
 }
 
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   SINEW_THROW(InvalidArgument, "mpi backend: unknown reduce op {}", static_cast<int>(op));
 }
@@ -43,8 +51,8 @@ namespace {
 
 int checked_count(std::size_t count, const char* op) {
   if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    SINEW_THROW(InvalidArgument, "mpi backend: {} of {} elements exceeds MPI's int count; split the buffer", op,
-                count);
+    SINEW_THROW(InvalidArgument, "mpi backend: {} of {} elements exceeds MPI's int count; split the buffer",
+                op, count);
   }
   return static_cast<int>(count);
 }
@@ -67,8 +75,8 @@ class MpiWork final : public Work {
       if (test()) return;
       if (spins > 64) {
         if (Clock::now() > deadline) {
-          SINEW_THROW(Timeout, "{} did not complete within {} ms; a peer is dead, stopped or far behind", what_,
-                      timeout.count());
+          SINEW_THROW(Timeout, "{} did not complete within {} ms; a peer is dead, stopped or far behind",
+                      what_, timeout.count());
         }
         std::this_thread::yield();
       }
@@ -125,8 +133,9 @@ std::unique_ptr<Work> MpiBackend::broadcast(Buffer buf, int root, const Options&
 std::unique_ptr<Work> MpiBackend::allgather(Buffer in, Buffer out, const Options&) {
   check_usable();
   if (in.dtype != out.dtype || out.count != in.count * static_cast<std::size_t>(size_)) {
-    SINEW_THROW(InvalidArgument, "mpi backend: allgather needs an output of {} x {} elements of {}, got {} of {}",
-                size_, in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype));
+    SINEW_THROW(InvalidArgument,
+                "mpi backend: allgather needs an output of {} x {} elements of {}, got {} of {}", size_,
+                in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype));
   }
   Request r;
   const int n = checked_count(in.count, "allgather");
@@ -139,8 +148,8 @@ std::unique_ptr<Work> MpiBackend::send(Buffer buf, int peer, const Options& opts
   check_usable();
   check_peer(peer, "send");
   Request r;
-  SINEW_MPI(MPI_Isend(buf.data, checked_count(buf.count, "send"), to_mpi(buf.dtype), peer, opts.tag, comm_.get(),
-                      r.out_p2p()));
+  SINEW_MPI(MPI_Isend(buf.data, checked_count(buf.count, "send"), to_mpi(buf.dtype), peer, opts.tag,
+                      comm_.get(), r.out_p2p()));
   return one(fmt::format("send({} x {} to {})", buf.count, dtype_name(buf.dtype), peer), std::move(r));
 }
 
@@ -148,8 +157,8 @@ std::unique_ptr<Work> MpiBackend::recv(Buffer buf, int peer, const Options& opts
   check_usable();
   check_peer(peer, "recv");
   Request r;
-  SINEW_MPI(MPI_Irecv(buf.data, checked_count(buf.count, "recv"), to_mpi(buf.dtype), peer, opts.tag, comm_.get(),
-                      r.out_p2p()));
+  SINEW_MPI(MPI_Irecv(buf.data, checked_count(buf.count, "recv"), to_mpi(buf.dtype), peer, opts.tag,
+                      comm_.get(), r.out_p2p()));
   return one(fmt::format("recv({} x {} from {})", buf.count, dtype_name(buf.dtype), peer), std::move(r));
 }
 
