@@ -1,0 +1,15 @@
+// What the apps share: launcher rank before MPI starts, and mapping exceptions to exit codes.
+#pragma once
+
+#include <functional>
+
+namespace sinew::apps {
+
+/// The rank the launcher gave this process (Open MPI, PMIx, Slurm, MPICH variables), 0 when alone.
+/// Used before MPI_Init so that only one process prints a usage error.
+int launcher_rank();
+
+/// Runs `body`, turns Sinew errors into a one-line message on stderr and the documented exit code.
+int guarded_main(const std::function<int()>& body);
+
+}  // namespace sinew::apps

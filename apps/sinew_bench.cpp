@@ -1,0 +1,263 @@
+// sinew-bench: communication and training benchmarks.
+//
+//   sinew-bench allreduce   size sweep in the nccl-tests format, Sinew's bucketed path vs MPI_Allreduce
+//   sinew-bench train-step  mean training-step time of a model (default: MLP 784-512-512-10, batch 64/rank)
+//
+// busbw for allreduce = algbw * 2(n-1)/n (nccl-tests' convention), so figures are comparable across rank
+// counts. #wrong counts elements that differ from the exact expected sum (inputs are small integers, so
+// any correct reduction order gives the exact value).
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "common.hpp"
+#include "sinew/comm/bucketer.hpp"
+#include "sinew/comm/mpi/backend.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/log.hpp"
+#include "sinew/core/timer.hpp"
+#include "sinew/mpi/check.hpp"
+#include "sinew/mpi/environment.hpp"
+#include "sinew/train/trainer.hpp"
+
+namespace po = boost::program_options;
+using namespace sinew;
+
+namespace {
+
+struct AllreduceRow {
+  std::size_t bytes = 0;
+  double sinew_us = 0, mpi_us = 0;
+  std::size_t sinew_wrong = 0, mpi_wrong = 0;
+};
+
+void fill(std::vector<float>& v, int rank) {
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((rank + 1) * ((i % 7) + 1));
+}
+
+std::size_t count_wrong(const std::vector<float>& v, int world) {
+  const float ranks_sum = static_cast<float>(world * (world + 1) / 2);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) wrong += v[i] != ranks_sum * static_cast<float>((i % 7) + 1);
+  return wrong;
+}
+
+/// Times `op` (collective, all ranks): warm-up, then iterations; returns the slowest rank's mean in us.
+template <class Op>
+double time_collective(MPI_Comm comm, int warmup, int iters, Op&& op) {
+  for (int i = 0; i < warmup; ++i) op();
+  SINEW_MPI(MPI_Barrier(comm));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) op();
+  double us = seconds_since(t0) * 1e6 / iters;
+  SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, comm));
+  return us;
+}
+
+int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  std::size_t min_bytes = 8, max_bytes = 64u << 20, layer_kib = 256;
+  double bucket_mb = 4;
+  int iters = 20, warmup = 3;
+  bool overlap = true;
+  std::string json;
+  po::options_description d("sinew-bench allreduce");
+  d.add_options()("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest message")(
+      "max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest message (doubling)")(
+      "bucket-mb", po::value(&bucket_mb)->default_value(bucket_mb), "Sinew bucket size in MiB")(
+      "layer-kib", po::value(&layer_kib)->default_value(layer_kib),
+      "size of the simulated per-layer gradient ranges")(
+      "overlap", po::value(&overlap)->default_value(overlap), "reduce on the communication thread")(
+      "iters", po::value(&iters)->default_value(iters), "timed iterations per size")(
+      "warmup", po::value(&warmup)->default_value(warmup), "untimed iterations per size")(
+      "json", po::value(&json), "also write the rows as JSON to this file");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    SINEW_THROW(InvalidArgument, "{}; see sinew-bench allreduce --help", e.what());
+  }
+  if (min_bytes < 4 || max_bytes < min_bytes || iters < 1 || warmup < 0 || layer_kib < 1 ||
+      !(bucket_mb > 0)) {
+    SINEW_THROW(InvalidArgument,
+                "sinew-bench allreduce: need 4 <= min-bytes <= max-bytes, iters >= 1, warmup >= 0, "
+                "layer-kib >= 1, bucket-mb > 0");
+  }
+  const int rank = world.rank(), n = world.size();
+  comm::mpi::MpiBackend backend(world);
+  mpi::Communicator plain = world.dup();
+  const double factor = 2.0 * (n - 1) / n;
+  if (rank == 0) {
+    std::printf("# sinew-bench allreduce: %d ranks, %s, bucket %.1f MiB, overlap %s, layer ranges %zu KiB\n",
+                n, mpi::library_version().c_str(), bucket_mb, overlap ? "on" : "off", layer_kib);
+    std::printf("# busbw = algbw * 2(n-1)/n\n");
+    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "", "", "", "", "sinew",
+                "", "", "", "MPI_Allreduce", "", "", "", "");
+    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "size", "count", "type",
+                "redop", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "ratio");
+    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "(B)", "(elements)", "",
+                "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "busbw");
+  }
+  std::vector<AllreduceRow> rows;
+  for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    const std::size_t count = bytes / sizeof(float);
+    std::vector<float> buf(count);
+    // Gradient ranges as backward would report them: last "layer" first, each adjacent to the previous.
+    const std::size_t layer = std::max<std::size_t>(layer_kib * 1024 / sizeof(float), 1);
+    std::vector<comm::Range> ranges;
+    for (std::size_t end = count; end > 0;) {
+      const std::size_t len = std::min(layer, end);
+      ranges.push_back({end - len, len});
+      end -= len;
+    }
+    comm::BucketOptions bo;
+    bo.bucket_bytes = static_cast<std::size_t>(bucket_mb * (1 << 20));
+    bo.overlap = overlap;
+    comm::GradientBucketer bucketer(backend, buf, ranges, bo);
+    AllreduceRow row;
+    row.bytes = bytes;
+    row.sinew_us = time_collective(world.get(), warmup, iters, [&] {
+      for (const auto& r : ranges) bucketer.mark_ready(r);
+      bucketer.finish();
+    });
+    fill(buf, rank);
+    for (const auto& r : ranges) bucketer.mark_ready(r);
+    bucketer.finish();
+    row.sinew_wrong = count_wrong(buf, n);
+    row.mpi_us = time_collective(world.get(), warmup, iters, [&] {
+      SINEW_MPI(
+          MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, plain.get()));
+    });
+    fill(buf, rank);
+    SINEW_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, plain.get()));
+    row.mpi_wrong = count_wrong(buf, n);
+    std::size_t wrong[2] = {row.sinew_wrong, row.mpi_wrong};
+    SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, wrong, 2, MPI_UINT64_T, MPI_SUM, world.get()));
+    row.sinew_wrong = wrong[0];
+    row.mpi_wrong = wrong[1];
+    rows.push_back(row);
+    if (rank == 0) {
+      const double alg_s = static_cast<double>(bytes) / row.sinew_us / 1e3,
+                   alg_m = static_cast<double>(bytes) / row.mpi_us / 1e3;
+      std::printf(" %10zu %12zu %6s %6s | %10.1f %8.3f %8.3f %6zu | %10.1f %8.3f %8.3f %6zu | %6.2f\n", bytes,
+                  count, "float", "sum", row.sinew_us, alg_s, alg_s * factor, row.sinew_wrong, row.mpi_us,
+                  alg_m, alg_m * factor, row.mpi_wrong, row.mpi_us / row.sinew_us);
+      std::fflush(stdout);
+    }
+  }
+  std::size_t total_wrong = 0;
+  double big_ratio_sum = 0;
+  int big = 0;
+  for (const auto& r : rows) {
+    total_wrong += r.sinew_wrong + r.mpi_wrong;
+    if (r.bytes >= (4u << 20)) {
+      big_ratio_sum += r.mpi_us / r.sinew_us;
+      ++big;
+    }
+  }
+  if (rank == 0) {
+    std::printf("# Out of bounds values : %zu %s\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
+    if (big > 0)
+      std::printf("# sinew/MPI busbw ratio, mean over sizes >= 4 MiB: %.3f\n", big_ratio_sum / big);
+    if (!json.empty()) {
+      nlohmann::json j = nlohmann::json::array();
+      for (const auto& r : rows) {
+        j.push_back({{"bytes", r.bytes},
+                     {"ranks", n},
+                     {"sinew_us", r.sinew_us},
+                     {"mpi_us", r.mpi_us},
+                     {"sinew_busbw_gbs", static_cast<double>(r.bytes) / r.sinew_us / 1e3 * factor},
+                     {"mpi_busbw_gbs", static_cast<double>(r.bytes) / r.mpi_us / 1e3 * factor},
+                     {"sinew_wrong", r.sinew_wrong},
+                     {"mpi_wrong", r.mpi_wrong}});
+      }
+      std::ofstream(json) << j.dump(2) << "\n";
+    }
+  }
+  return total_wrong == 0 ? 0 : 1;
+}
+
+int bench_train_step(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  train::Config c;
+  c.model = "mlp";
+  c.batch_size = 64;
+  c.max_steps = 300;
+  c.limit_test = 1000;
+  c.progress = false;
+  c.log_every = 1000000;
+  std::string json;
+  int warmup_steps = 30;
+  po::options_description d("sinew-bench train-step");
+  d.add_options()("model", po::value(&c.model)->default_value(c.model), "model")(
+      "dataset", po::value(&c.dataset)->default_value(c.dataset), "data set")(
+      "data-dir", po::value(&c.data_dir), "data directory")(
+      "batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "per rank")(
+      "steps", po::value(&c.max_steps)->default_value(c.max_steps), "timed steps")(
+      "warmup", po::value(&warmup_steps)->default_value(warmup_steps), "untimed steps first")(
+      "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd | adam")(
+      "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "bucket size")(
+      "overlap", po::value(&c.overlap)->default_value(c.overlap), "overlap communication")(
+      "json", po::value(&json), "also write the result as JSON to this file");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    SINEW_THROW(InvalidArgument, "{}; see sinew-bench train-step --help", e.what());
+  }
+  train::validate(c);
+  // Warm-up run (page faults, first-touch, MPI connections), then the timed run of the same configuration.
+  train::Config warm = c;
+  warm.max_steps = warmup_steps;
+  train::Trainer(warm, world).run();
+  const auto s = train::Trainer(c, world).run();
+  if (world.rank() == 0) {
+    std::printf("# sinew-bench train-step: %s, %d ranks x batch %zu, %s, %lld steps\n", c.model.c_str(),
+                world.size(), c.batch_size, c.optimizer.c_str(), static_cast<long long>(s.steps));
+    std::printf("%-8s %6s %6s %12s %12s %14s\n", "impl", "ranks", "batch", "step_ms", "comm_ms", "samples/s");
+    std::printf("%-8s %6d %6zu %12.3f %12.3f %14.0f\n", "sinew", world.size(), c.batch_size, s.mean_step_ms,
+                s.mean_comm_ms, s.samples_per_s);
+    if (!json.empty()) {
+      std::ofstream(json) << nlohmann::json{{"impl", "sinew"},
+                                            {"model", c.model},
+                                            {"ranks", world.size()},
+                                            {"batch", c.batch_size},
+                                            {"step_ms", s.mean_step_ms},
+                                            {"comm_ms", s.mean_comm_ms},
+                                            {"samples_per_s", s.samples_per_s}}
+                                 .dump()
+                          << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return apps::guarded_main([&] {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+      if (apps::launcher_rank() == 0) {
+        std::puts(
+            "usage: mpirun -n N sinew-bench allreduce|train-step [options]   (--help after the name lists "
+            "them)");
+      }
+      return args.empty() ? 2 : 0;
+    }
+    const std::string what = args[0];
+    args.erase(args.begin());
+    if (what != "allreduce" && what != "train-step") {
+      SINEW_THROW(InvalidArgument, "sinew-bench: unknown benchmark '{}'; use allreduce or train-step", what);
+    }
+    mpi::Environment env(&argc, &argv);
+    log::init(env.world_rank(), env.world_size(), spdlog::level::warn);
+    const auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
+    return what == "allreduce" ? bench_allreduce(args, world) : bench_train_step(args, world);
+  });
+}

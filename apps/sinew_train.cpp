@@ -1,0 +1,32 @@
+// sinew-train: elastic data-parallel training. Thin: parse options, start MPI, run the trainer.
+#include <cstdio>
+
+#include "common.hpp"
+#include "sinew/core/log.hpp"
+#include "sinew/mpi/environment.hpp"
+#include "sinew/train/trainer.hpp"
+
+int main(int argc, char** argv) {
+  return sinew::apps::guarded_main([&] {
+    // Options are checked before MPI starts, so that --help and usage errors need no launcher.
+    auto parsed = sinew::train::parse_command_line(argc, argv);
+    if (!parsed.config) {
+      if (sinew::apps::launcher_rank() == 0) std::fputs(parsed.text.c_str(), stdout);
+      return 0;
+    }
+    const auto& cfg = *parsed.config;
+    sinew::mpi::Environment env(&argc, &argv);
+    sinew::log::init(env.world_rank(), env.world_size(), sinew::log::parse_level(cfg.log_level));
+    if (env.world_rank() == 0) {
+      spdlog::info("{} ({} ranks; ULFM {})", sinew::mpi::library_version(), env.world_size(),
+                   sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled");
+    }
+    sinew::train::Trainer trainer(cfg, sinew::mpi::Communicator::borrow(MPI_COMM_WORLD));
+    const auto s = trainer.run();
+    if (env.world_rank() == 0) {
+      spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s", s.steps,
+                   s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
+    }
+    return 0;
+  });
+}

@@ -1,0 +1,68 @@
+// The training configuration: every option of sinew-train, with its default. The same keys are accepted
+// on the command line (--key value) and in a --config file (key = value).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sinew::train {
+
+struct Config {
+  // model and data
+  std::string model = "mlp";              ///< mlp | mlp:H1,H2,... | logreg | cnn
+  std::string dataset = "fashion-mnist";  ///< fashion-mnist | mnist | csv | synthetic
+  std::string data_dir;                   ///< empty: the dataset's default location
+  std::size_t limit_train = 0;            ///< use only the first N training samples (0: all)
+  std::size_t limit_test = 0;             ///< use only the first N test samples (0: all)
+  // schedule
+  int epochs = 3;
+  std::int64_t max_steps = 0;   ///< stop after this many steps (0: run all epochs)
+  std::size_t batch_size = 64;  ///< per rank
+  // optimiser
+  std::string optimizer = "sgd";  ///< sgd | adam
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  float weight_decay = 0.f;
+  bool nesterov = false;
+  std::string lr_schedule = "cosine";  ///< constant | step | cosine
+  std::int64_t warmup_steps = 50;
+  std::int64_t lr_step_size = 1000;
+  float lr_gamma = 0.1f;
+  // communication
+  std::string algorithm = "gradient_allreduce";
+  double bucket_mb = 4.0;
+  bool overlap = true;
+  int timeout_ms = 300000;  ///< deadline of every collective
+  // elasticity and checkpoints (reserved options are validated, see options.cpp)
+  std::string elastic = "off";  ///< off | inplace | restart
+  int min_ranks = 1;
+  int max_ranks = 0;                ///< 0: the launch size
+  std::string lr_scaling = "none";  ///< none | linear | sqrt
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  std::string resume = "auto";  ///< auto | never | PATH
+  // run
+  std::string device = "cpu";
+  std::uint64_t seed = 42;
+  std::string metrics;   ///< JSON Lines file written by rank 0 (empty: none)
+  int log_every = 20;    ///< steps between metrics lines
+  bool progress = true;  ///< rank-0 progress line on stderr
+  std::string log_level = "info";
+};
+
+/// Outcome of command-line parsing.
+struct ParseResult {
+  std::optional<Config> config;  ///< empty when the run should stop (help/version printed)
+  std::string text;              ///< what to print (help, version)
+};
+
+/// Parses argv (and --config FILE). Throws InvalidArgument with a one-line message naming the option for
+/// unknown or malformed options and bad values (exit code 2).
+ParseResult parse_command_line(int argc, const char* const* argv);
+
+/// Checks values and combinations; throws InvalidArgument naming the option.
+void validate(const Config& c);
+
+}  // namespace sinew::train

@@ -1,0 +1,183 @@
+#include <boost/program_options.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "sinew/config.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/log.hpp"
+#include "sinew/train/config.hpp"
+
+namespace po = boost::program_options;
+
+namespace sinew::train {
+
+namespace {
+
+po::options_description describe(Config& c, std::string& config_file) {
+  po::options_description general("General");
+  general.add_options()("help,h", "print this help and exit")(
+      "version", "print the version and build features and exit")(
+      "config", po::value(&config_file)->value_name("FILE"),
+      "read options from FILE (key = value, same keys as the long options)")(
+      "log-level", po::value(&c.log_level)->default_value(c.log_level)->value_name("LEVEL"),
+      "trace|debug|info|warn|error|off")("seed", po::value(&c.seed)->default_value(c.seed),
+                                         "seed of initialisation and data order")(
+      "device", po::value(&c.device)->default_value(c.device), "cpu (cuda is reserved for the GPU release)")(
+      "metrics", po::value(&c.metrics)->value_name("FILE"), "write metrics as JSON Lines to FILE (rank 0)")(
+      "log-every", po::value(&c.log_every)->default_value(c.log_every)->value_name("STEPS"),
+      "steps between metrics lines")("progress",
+                                     po::value(&c.progress)->default_value(c.progress)->value_name("BOOL"),
+                                     "rank-0 progress line with throughput and ETA");
+  po::options_description data("Model and data");
+  data.add_options()("model", po::value(&c.model)->default_value(c.model),
+                     "mlp | mlp:H1,H2,... | logreg | cnn")(
+      "dataset", po::value(&c.dataset)->default_value(c.dataset), "fashion-mnist | mnist | csv | synthetic")(
+      "data-dir", po::value(&c.data_dir)->value_name("DIR"),
+      "where the data set lives (default: its Debian location)")(
+      "limit-train", po::value(&c.limit_train)->default_value(c.limit_train)->value_name("N"),
+      "use only the first N training samples (0: all)")(
+      "limit-test", po::value(&c.limit_test)->default_value(c.limit_test)->value_name("N"),
+      "use only the first N test samples (0: all)");
+  po::options_description opt("Optimisation");
+  opt.add_options()("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training set")(
+      "max-steps", po::value(&c.max_steps)->default_value(c.max_steps),
+      "stop after this many steps (0: no limit)")(
+      "batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per rank per step")(
+      "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd | adam")(
+      "lr", po::value(&c.lr)->default_value(c.lr), "base learning rate")(
+      "momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")(
+      "weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "L2 weight decay")(
+      "nesterov", po::value(&c.nesterov)->default_value(c.nesterov)->value_name("BOOL"), "Nesterov momentum")(
+      "lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "constant | step | cosine")(
+      "warmup-steps", po::value(&c.warmup_steps)->default_value(c.warmup_steps), "linear warm-up steps")(
+      "lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size),
+      "steps between decays (step schedule)")("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma),
+                                              "decay factor (step schedule)");
+  po::options_description comm("Communication");
+  comm.add_options()("algorithm", po::value(&c.algorithm)->default_value(c.algorithm), "gradient_allreduce")(
+      "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "gradient bucket size in MiB")(
+      "overlap", po::value(&c.overlap)->default_value(c.overlap)->value_name("BOOL"),
+      "reduce buckets on a communication thread during backward")(
+      "timeout-ms", po::value(&c.timeout_ms)->default_value(c.timeout_ms), "deadline of every collective");
+  po::options_description el("Elasticity and checkpoints (reserved: see --help notes)");
+  el.add_options()("elastic", po::value(&c.elastic)->default_value(c.elastic),
+                   "off (inplace | restart are reserved)")(
+      "min-ranks", po::value(&c.min_ranks)->default_value(c.min_ranks), "reserved")(
+      "max-ranks", po::value(&c.max_ranks)->default_value(c.max_ranks), "reserved")(
+      "lr-scaling", po::value(&c.lr_scaling)->default_value(c.lr_scaling),
+      "none (linear | sqrt are reserved)")("checkpoint-dir", po::value(&c.checkpoint_dir)->value_name("DIR"),
+                                           "reserved")(
+      "checkpoint-every", po::value(&c.checkpoint_every)->default_value(c.checkpoint_every), "reserved")(
+      "resume", po::value(&c.resume)->default_value(c.resume), "auto | never (a PATH is reserved)");
+  po::options_description all(
+      "sinew-train: elastic data-parallel training over MPI\n\n"
+      "usage: mpirun -n N sinew-train [options]\n");
+  all.add(general).add(data).add(opt).add(comm).add(el);
+  return all;
+}
+
+/// Boost's messages name the option but not always the value; make one line that does.
+[[noreturn]] void rethrow_po(const po::error& e) {
+  SINEW_THROW(InvalidArgument, "{}; see sinew-train --help", e.what());
+}
+
+void reserved(bool used, const char* option, const char* what) {
+  if (used) {
+    SINEW_THROW(InvalidArgument,
+                "{} is reserved: {} is not available in Sinew {} yet; remove the option to train without it",
+                option, what, SINEW_VERSION);
+  }
+}
+
+void one_of(const std::string& value, std::initializer_list<const char*> allowed, const char* option) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += list.empty() ? a : std::string(", ") + a;
+  }
+  SINEW_THROW(InvalidArgument, "{}: unknown value '{}'; use one of {}", option, value, list);
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  if (c.epochs < 1) SINEW_THROW(InvalidArgument, "--epochs must be >= 1, got {}", c.epochs);
+  if (c.max_steps < 0) SINEW_THROW(InvalidArgument, "--max-steps must be >= 0, got {}", c.max_steps);
+  if (c.batch_size < 1 || c.batch_size > (1u << 20)) {
+    SINEW_THROW(InvalidArgument, "--batch-size must be between 1 and 1048576, got {}", c.batch_size);
+  }
+  if (!(c.lr > 0.f) || !std::isfinite(c.lr))
+    SINEW_THROW(InvalidArgument, "--lr must be a positive number, got {}", c.lr);
+  if (c.momentum < 0.f || c.momentum >= 1.f)
+    SINEW_THROW(InvalidArgument, "--momentum must be in [0, 1), got {}", c.momentum);
+  if (c.weight_decay < 0.f)
+    SINEW_THROW(InvalidArgument, "--weight-decay must be >= 0, got {}", c.weight_decay);
+  if (c.warmup_steps < 0) SINEW_THROW(InvalidArgument, "--warmup-steps must be >= 0, got {}", c.warmup_steps);
+  if (!(c.bucket_mb > 0.0) || c.bucket_mb > 1024.0) {
+    SINEW_THROW(InvalidArgument, "--bucket-mb must be in (0, 1024], got {}", c.bucket_mb);
+  }
+  if (c.timeout_ms < 1) SINEW_THROW(InvalidArgument, "--timeout-ms must be >= 1, got {}", c.timeout_ms);
+  if (c.log_every < 1) SINEW_THROW(InvalidArgument, "--log-every must be >= 1, got {}", c.log_every);
+  one_of(c.optimizer, {"sgd", "adam"}, "--optimizer");
+  one_of(c.lr_schedule, {"constant", "step", "cosine"}, "--lr-schedule");
+  one_of(c.dataset, {"fashion-mnist", "mnist", "csv", "synthetic"}, "--dataset");
+  one_of(c.algorithm,
+         {"gradient_allreduce", "bytegrad", "qadam", "decentralized", "low_precision_decentralized", "async",
+          "auto"},
+         "--algorithm");
+  reserved(c.algorithm != "gradient_allreduce", "--algorithm",
+           "the relaxed algorithms (bytegrad, qadam, ...)");
+  one_of(c.elastic, {"off", "inplace", "restart"}, "--elastic");
+  reserved(c.elastic != "off", "--elastic", "elastic recovery (inplace, restart)");
+  one_of(c.lr_scaling, {"none", "linear", "sqrt"}, "--lr-scaling");
+  reserved(c.lr_scaling != "none", "--lr-scaling", "hyper-parameter rescaling on resize");
+  reserved(c.min_ranks != 1, "--min-ranks", "elastic resizing");
+  reserved(c.max_ranks != 0, "--max-ranks", "elastic resizing");
+  reserved(!c.checkpoint_dir.empty(), "--checkpoint-dir", "checkpointing");
+  reserved(c.checkpoint_every != 0, "--checkpoint-every", "checkpointing");
+  if (c.resume != "auto" && c.resume != "never")
+    reserved(true, "--resume PATH", "resuming from a checkpoint");
+  one_of(c.device, {"cpu", "cuda"}, "--device");
+  reserved(c.device != "cpu", "--device cuda", "GPU training");
+  log::parse_level(c.log_level);
+}
+
+ParseResult parse_command_line(int argc, const char* const* argv) {
+  Config c;
+  std::string config_file;
+  auto desc = describe(c, config_file);
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("help")) {
+      std::ostringstream os;
+      os << desc;
+      return {std::nullopt, os.str()};
+    }
+    if (vm.count("version")) {
+      return {std::nullopt, fmt::format("sinew-train {} (ULFM {}, CUDA {}, NCCL {})\n", SINEW_VERSION,
+                                        SINEW_HAVE_ULFM ? "compiled in" : "absent",
+                                        SINEW_HAVE_CUDA ? "yes" : "no", SINEW_HAVE_NCCL ? "yes" : "no")};
+    }
+    if (vm.count("config")) {
+      const std::string file = vm["config"].as<std::string>();
+      std::ifstream in(file);
+      if (!in) SINEW_THROW(InvalidArgument, "--config: cannot open '{}'", file);
+      // Command-line values were stored first and win over the file's.
+      try {
+        po::store(po::parse_config_file(in, desc), vm);
+      } catch (const po::error& e) {
+        SINEW_THROW(InvalidArgument, "--config {}: {}", file, e.what());
+      }
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    rethrow_po(e);
+  }
+  validate(c);
+  return {c, {}};
+}
+
+}  // namespace sinew::train

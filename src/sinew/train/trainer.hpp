@@ -1,0 +1,50 @@
+// The data-parallel training loop: sample -> forward -> backward (buckets reduced as they fill) ->
+// fused optimiser step, with metrics, progress and per-epoch evaluation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "sinew/mpi/communicator.hpp"
+#include "sinew/train/config.hpp"
+
+namespace sinew::model {
+class Model;
+}
+
+namespace sinew::train {
+
+/// What a finished run reports (rank 0's view; the same on every rank for the agreed values).
+struct Summary {
+  double test_accuracy = 0;
+  double test_loss = 0;
+  double final_train_loss = 0;
+  std::int64_t steps = 0;
+  int epochs = 0;
+  std::int64_t samples = 0;  ///< training samples consumed by the whole group
+  double wall_s = 0;
+  double mean_step_ms = 0;
+  double mean_comm_ms = 0;
+  double samples_per_s = 0;
+};
+
+class Trainer {
+ public:
+  /// Loads the data and builds the model, optimiser and communication over `comm` (duplicated).
+  /// Throws InvalidArgument (bad configuration), DataError (bad data).
+  Trainer(Config config, const mpi::Communicator& comm);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  ~Trainer();
+
+  /// Trains for config.epochs (or config.max_steps), evaluating after each epoch.
+  Summary run();
+
+  [[nodiscard]] const model::Model& model() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sinew::train
