@@ -24,12 +24,12 @@ for r in $(seq 1 "$rounds"); do
     --json "$out/sinew-$r.json" | tail -n 1
   /usr/bin/python3 "$here/torch_ddp_step.py" --ranks "$ranks" --json "$out/torch-$r.json" | tail -n 1
 done
-/usr/bin/python3 - "$out" "$rounds" <<'PY'
+/usr/bin/python3 - "$out" "$rounds" "$ranks" <<'PY'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 s = statistics.median(json.load(open(f"{out}/sinew-{r}.json"))["step_ms"] for r in range(1, rounds + 1))
 t = statistics.median(json.load(open(f"{out}/torch-{r}.json"))["step_ms"] for r in range(1, rounds + 1))
 print(f"# median step: sinew {s:.3f} ms, torch DDP {t:.3f} ms; torch/sinew = {t / s:.2f}x "
       f"({'Sinew faster' if t > s else 'Sinew slower'})")
-json.dump({"sinew_step_ms": s, "torch_step_ms": t, "ratio": t / s}, open(f"{out}/train_step_summary.json", "w"))
+json.dump({"sinew_step_ms": s, "torch_step_ms": t, "ratio": t / s, "ranks": int(sys.argv[3])}, open(f"{out}/train_step_summary.json", "w"))
 PY

@@ -1,0 +1,54 @@
+#!/usr/bin/python3
+"""Plots for docs/benchmarks.md from the JSON that the benchmarks write.
+
+usage: plot.py OUT_DIR [allreduce-2.json allreduce-4.json ...] [--train-step train_step_summary.json]
+Writes OUT_DIR/allreduce_busbw.png (bus bandwidth vs message size, Sinew bucketed vs MPI_Allreduce, one
+line pair per rank count) and OUT_DIR/train_step.png (step time, Sinew vs PyTorch DDP).
+"""
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("allreduce", nargs="*")
+    p.add_argument("--train-step")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    if a.allreduce:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for path in a.allreduce:
+            rows = json.load(open(path))
+            n = rows[0]["ranks"]
+            x = [r["bytes"] for r in rows]
+            ax.plot(x, [r["sinew_busbw_gbs"] for r in rows], "o-", label=f"Sinew bucketed, {n} ranks")
+            ax.plot(x, [r["mpi_busbw_gbs"] for r in rows], "s--", label=f"MPI_Allreduce, {n} ranks")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title("Allreduce bus bandwidth, shared memory, Open MPI 5.0.7")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "allreduce_busbw.png"), dpi=110)
+    if a.train_step:
+        s = json.load(open(a.train_step))
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        bars = ax.bar(["Sinew", "PyTorch DDP (gloo)"], [s["sinew_step_ms"], s["torch_step_ms"]],
+                      color=["tab:blue", "tab:orange"])
+        ax.bar_label(bars, fmt="%.2f ms")
+        ax.set_ylabel("median step time (ms)")
+        ax.set_title(f"MLP 784-512-512-10, batch 64/rank, {s.get('ranks', 2)} ranks")
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "train_step.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()

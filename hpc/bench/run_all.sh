@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the benchmarks reported in docs/benchmarks.md and redraws its plots (docs/img/*.png).
+# Needs a build (mpi_scripts/build.sh) and PyTorch for the side-by-side step (SINEW_WITH_TORCH=1 setup.sh).
+# Usage: run_all.sh [OUT_DIR]   (raw JSON goes to OUT_DIR, default bench-results/)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../../mpi_scripts/env.sh"
+out=${1:-$sinew_root/bench-results}
+mkdir -p "$out"
+bench="$SINEW_BUILD_DIR/apps/sinew-bench"
+for n in 2 4; do
+  echo "== allreduce, $n ranks"
+  "$SINEW_MPIRUN" "${SINEW_MPIRUN_FLAGS[@]}" -n "$n" "$bench" allreduce --min-bytes 4096 --iters 30 \
+    --json "$out/allreduce-$n.json"
+done
+echo "== training step vs PyTorch DDP, 2 ranks"
+bash "$here/train_step_vs_torch.sh" 2 5 "$out"
+/usr/bin/python3 "$here/plot.py" "$sinew_root/docs/img" "$out/allreduce-2.json" "$out/allreduce-4.json" \
+  --train-step "$out/train_step_summary.json"
+echo "plots written to docs/img/"
