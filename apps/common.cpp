@@ -6,6 +6,11 @@
 #include <cstdlib>
 #include <exception>
 
+#include <mpi.h>
+
+#include <chrono>
+#include <thread>
+
 #include "sinew/core/error.hpp"
 
 namespace sinew::apps {
@@ -17,19 +22,52 @@ int launcher_rank() {
   return 0;
 }
 
+namespace {
+/// After an error with MPI running: wait (boundedly) for the other ranks to reach the same point. If all
+/// do (the error is the same everywhere, e.g. a bad option), MPI is finalized and the process exits with
+/// the error's code; mpirun would otherwise kill the job at the first non-zero exit, often before the
+/// rank that prints the message has printed it. If some rank does not come (the error is rank-local), the
+/// job is aborted with the code, since finalizing could wait for that rank forever.
+void settle_before_exit(ExitCode code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int done = 0;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  if (done) {
+    MPI_Finalize();
+  } else {
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  }
+}
+
+int report(const char* message, ExitCode code, bool print) {
+  if (print) {
+    std::fprintf(stderr, "sinew: error: %s\n", message);
+    std::fflush(stderr);
+  }
+  settle_before_exit(code);
+  return static_cast<int>(code);
+}
+}  // namespace
+
 int guarded_main(const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    // Usage errors are the same on every rank: one line is enough. Other errors may be rank-specific.
-    if (e.exit_code() != ExitCode::kUsage || launcher_rank() == 0) {
-      std::fprintf(stderr, "sinew: error: %s\n", e.message().c_str());
-      std::fflush(stderr);
-    }
-    return static_cast<int>(e.exit_code());
+    // Usage errors are the same on every rank: the first rank prints them. Other errors may be
+    // rank-specific (a file missing on one node), so every rank that meets one prints it.
+    return report(e.message().c_str(), e.exit_code(), e.exit_code() != ExitCode::kUsage || launcher_rank() == 0);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "sinew: error: %s\n", e.what());
-    return static_cast<int>(ExitCode::kFailure);
+    return report(e.what(), ExitCode::kFailure, true);
   }
 }
 

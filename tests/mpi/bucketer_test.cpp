@@ -35,8 +35,7 @@ void check_matches_mpi(std::size_t bucket_bytes, bool overlap) {
     for (std::size_t i = 0; i < total; ++i) {
       grads[i] = static_cast<float>(std::sin(0.001 * static_cast<double>(i) * (backend.rank() + 1) + step));
     }
-    expect = grads;
-    MPI_Allreduce(MPI_IN_PLACE, expect.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(grads.data(), expect.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     for (const auto& r : ranges) bucketer.mark_ready(r);
     bucketer.finish();
     for (std::size_t i = 0; i < total; ++i) {

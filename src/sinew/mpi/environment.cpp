@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <exception>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
@@ -28,6 +29,9 @@ Environment::Environment(int* argc, char*** argv) {
 }
 
 Environment::~Environment() {
+  // During exception unwinding the error handler above us decides: MPI_Finalize if every rank met the
+  // error, MPI_Abort if only some did (finalizing then could wait forever for the others).
+  if (std::uncaught_exceptions() > 0) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

@@ -6,7 +6,8 @@
 namespace sinew::mpi {
 
 /// Initialises MPI with MPI_THREAD_MULTIPLE (gradient buckets are reduced on a communication thread)
-/// and finalises it on destruction. One per process.
+/// and finalises it on destruction, except when destroyed by an exception: then the error handler
+/// finalizes or aborts (see apps/common.cpp). One per process.
 class Environment {
  public:
   Environment(int* argc, char*** argv);
