@@ -15,11 +15,19 @@
 
 namespace sinew::apps {
 
-int launcher_rank() {
+namespace {
+const char* launcher_rank_env() {
   for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (const char* v = std::getenv(var)) return std::atoi(v);
+    // Called before any thread starts, so getenv's lack of thread safety does not matter.
+    if (const char* v = std::getenv(var)) return v;  // NOLINT(concurrency-mt-unsafe)
   }
-  return 0;
+  return nullptr;
+}
+}  // namespace
+
+int launcher_rank() {
+  const char* v = launcher_rank_env();
+  return v != nullptr ? std::atoi(v) : 0;
 }
 
 namespace {
@@ -32,7 +40,11 @@ void settle_before_exit(ExitCode code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized) return;
+  if (finalized) return;
+  if (!initialized) {
+    // An error before MPI started (a bad option) under a launcher: start MPI only to meet the others.
+    if (launcher_rank_env() == nullptr || MPI_Init(nullptr, nullptr) != MPI_SUCCESS) return;
+  }
   MPI_Request req = MPI_REQUEST_NULL;
   int done = 0;
   if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
@@ -65,7 +77,8 @@ int guarded_main(const std::function<int()>& body) {
   } catch (const Error& e) {
     // Usage errors are the same on every rank: the first rank prints them. Other errors may be
     // rank-specific (a file missing on one node), so every rank that meets one prints it.
-    return report(e.message().c_str(), e.exit_code(), e.exit_code() != ExitCode::kUsage || launcher_rank() == 0);
+    return report(e.message().c_str(), e.exit_code(),
+                  e.exit_code() != ExitCode::kUsage || launcher_rank() == 0);
   } catch (const std::exception& e) {
     return report(e.what(), ExitCode::kFailure, true);
   }

@@ -80,8 +80,9 @@ if [ -d "$fm" ]; then
 import sys, struct
 d = sys.stdin.buffer.read()
 n = struct.unpack(">I", d[4:8])[0] - 10
-sys.stdout.buffer.write(d[:4] + struct.pack(">I", n) + d[8:8 + n])' | gzip >"$work/shortlabels/t10k-labels-idx1-ubyte.gz"
-  expect count-mismatch 3 "t10k" -- "${run[@]}" --data-dir "$work/shortlabels"
+sys.stdout.buffer.write(d[:4] + struct.pack(">I", n) + d[8:8 + n])' | gzip >"$work/short.gz"
+  mv "$work/short.gz" "$work/shortlabels/t10k-labels-idx1-ubyte.gz"
+  expect count-mismatch 3 "t10k-(images|labels).*(count|items|labels|images)" -- "${run[@]}" --data-dir "$work/shortlabels"
 else
   echo "skip damaged-file cases: $fm is not installed"
 fi

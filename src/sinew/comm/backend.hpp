@@ -68,6 +68,9 @@ struct Options {
 /// An operation in flight.
 class Work {
  public:
+  Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
   virtual ~Work() = default;
   /// Makes progress; true once complete. Throws CommFailure if the operation failed.
   virtual bool test() = 0;
@@ -78,6 +81,9 @@ class Work {
 
 class Backend {
  public:
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   virtual ~Backend() = default;
   [[nodiscard]] virtual std::string name() const = 0;
   [[nodiscard]] virtual int rank() const = 0;
