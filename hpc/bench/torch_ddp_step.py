@@ -11,6 +11,7 @@ import argparse
 import gzip
 import json
 import os
+import socket
 import struct
 import sys
 import time
@@ -99,12 +100,17 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--bucket-mb", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--port", type=int, default=29517)
+    p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (0: a free one)")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--json")
     args = p.parse_args()
     if not os.path.exists(os.path.join(args.data_dir, "train-images-idx3-ubyte.gz")):
         sys.exit(f"error: Fashion-MNIST not found in {args.data_dir}; apt-get install dataset-fashion-mnist")
+    if args.port == 0:
+        # A fresh port per run: reusing one port in back-to-back runs hung a gloo rendezvous once.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
     mp.spawn(worker, args=(args,), nprocs=args.ranks, join=True)
 
 

@@ -22,7 +22,7 @@ printf '%-8s %6s %6s %12s %12s %14s\n' impl ranks batch step_ms comm_ms samples/
 for r in $(seq 1 "$rounds"); do
   "$SINEW_MPIRUN" "${SINEW_MPIRUN_FLAGS[@]}" -n "$ranks" "$SINEW_BUILD_DIR/apps/sinew-bench" train-step \
     --json "$out/sinew-$r.json" | tail -n 1
-  /usr/bin/python3 "$here/torch_ddp_step.py" --ranks "$ranks" --json "$out/torch-$r.json" | tail -n 1
+  timeout 600 /usr/bin/python3 "$here/torch_ddp_step.py" --ranks "$ranks" --json "$out/torch-$r.json" | tail -n 1
 done
 /usr/bin/python3 - "$out" "$rounds" "$ranks" <<'PY'
 import json, statistics, sys

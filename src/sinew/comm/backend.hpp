@@ -99,6 +99,12 @@ class Backend {
   virtual std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) = 0;
   virtual std::unique_ptr<Work> barrier(const Options& opts) = 0;
 
+  /// In-place reduction run to completion on the calling thread, with the transport's fastest (tuned,
+  /// blocking) algorithm. It has no deadline of its own: whoever waits for the calling thread bounds it,
+  /// and when the bound passes calls abort() from another thread, which (with ULFM) makes this call
+  /// return with CommFailure. The bucketer's communication thread uses it this way.
+  virtual void allreduce_blocking(Buffer buf, ReduceOp op) = 0;
+
   /// Makes every pending and future operation of this backend fail promptly, here and (where the
   /// transport allows, e.g. ULFM revoke) at the peers. Used after a Timeout or a failure. Never throws.
   virtual void abort() noexcept = 0;

@@ -43,12 +43,20 @@ GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
 }
 
 GradientBucketer::~GradientBucketer() {
+  bool stuck = false;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     stop_ = true;
+    cv_.notify_all();
+    // After an abort without ULFM nothing can interrupt a blocked collective: do not wait for it forever.
+    stuck = !cv_.wait_for(lock, std::chrono::seconds(5), [&] { return !busy_; });
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  if (stuck) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
 }
 
 std::vector<Range> GradientBucketer::buckets() const {
@@ -71,24 +79,35 @@ void GradientBucketer::mark_ready(Range r) {
     Bucket& b = buckets_[it->second];
     SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
     notify = ++b.ranges_ready == b.ranges_total;
+    if (notify) pending_.fetch_add(1, std::memory_order_release);
   }
   if (notify && opts_.overlap) cv_.notify_all();
 }
 
-void GradientBucketer::reduce(std::size_t b) {
+void GradientBucketer::reduce(std::size_t b, bool blocking) {
   const Range r = buckets_[b].range;
   const auto start = Clock::now();
-  backend_.allreduce(Buffer::of(grads_.subspan(r.offset, r.count)), ReduceOp::kSum, opts_.op)
-      ->wait(opts_.op.timeout);
+  const Buffer buf = Buffer::of(grads_.subspan(r.offset, r.count));
+  if (blocking) {
+    backend_.allreduce_blocking(buf, ReduceOp::kSum);
+  } else {
+    backend_.allreduce(buf, ReduceOp::kSum, opts_.op)->wait(opts_.op.timeout);
+  }
   const double ms = seconds_since(start) * 1e3;
   std::lock_guard lock(mu_);
   comm_ms_ += ms;
-  ++reduced_;
+  if (++reduced_ == buckets_.size()) reduced_all_.store(true, std::memory_order_release);
 }
 
 void GradientBucketer::run() {
   for (;;) {
     std::size_t b = 0;
+    // Poll briefly (yielding the core) before sleeping: the next bucket often completes within
+    // microseconds, and a condition-variable wake-up costs tens of them.
+    const auto spin_until = Clock::now() + std::chrono::microseconds(200);
+    while (pending_.load(std::memory_order_acquire) == 0 && Clock::now() < spin_until) {
+      std::this_thread::yield();
+    }
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] {
@@ -97,12 +116,18 @@ void GradientBucketer::run() {
       });
       if (stop_) return;
       b = reduced_;
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+      busy_ = true;
     }
     try {
-      reduce(b);
+      reduce(b, /*blocking=*/true);
     } catch (...) {
       std::lock_guard lock(mu_);
       error_ = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      busy_ = false;
     }
     cv_.notify_all();
   }
@@ -114,18 +139,30 @@ void GradientBucketer::finish() {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       SINEW_ENFORCE(buckets_[b].ranges_ready == buckets_[b].ranges_total,
                     "bucket {} not complete at finish()", b);
-      reduce(b);
+      reduce(b, /*blocking=*/false);
     }
   } else {
+    // The last bucket usually completes within a few hundred microseconds of finish(): poll briefly
+    // (yielding the core) before sleeping, since a condition-variable wake-up costs tens of microseconds.
+    const auto spin_until = Clock::now() + std::chrono::microseconds(500);
+    while (!reduced_all_.load(std::memory_order_acquire) && Clock::now() < spin_until)
+      std::this_thread::yield();
     std::unique_lock lock(mu_);
-    // The communication thread enforces each allreduce's deadline; this bound only guards against a bug.
-    const auto bound = opts_.op.timeout * static_cast<int>(buckets_.size() + 1);
-    if (!cv_.wait_for(lock, bound, [&] { return error_ != nullptr || reduced_ == buckets_.size(); })) {
-      SINEW_THROW(Timeout, "gradient buckets not reduced within {} ms", bound.count());
+    if (!cv_.wait_for(lock, opts_.op.timeout,
+                      [&] { return error_ != nullptr || reduced_ == buckets_.size(); })) {
+      const std::size_t done = reduced_;
+      lock.unlock();
+      backend_.abort();  // with ULFM the blocked allreduce now returns, here and at the peers
+      SINEW_THROW(Timeout,
+                  "gradient allreduce did not complete within {} ms ({} of {} buckets done); a peer is dead, "
+                  "stopped or far behind",
+                  opts_.op.timeout.count(), done, buckets_.size());
     }
     if (error_) {
       auto e = std::exchange(error_, nullptr);
       reduced_ = 0;
+      reduced_all_.store(false, std::memory_order_relaxed);
+      pending_.store(0, std::memory_order_relaxed);
       for (auto& bk : buckets_) bk.ranges_ready = 0;
       lock.unlock();
       std::rethrow_exception(e);
@@ -136,6 +173,8 @@ void GradientBucketer::finish() {
   last_comm_ms_ = comm_ms_;
   comm_ms_ = 0;
   reduced_ = 0;
+  reduced_all_.store(false, std::memory_order_relaxed);
+  pending_.store(0, std::memory_order_relaxed);
   for (auto& b : buckets_) b.ranges_ready = 0;
 }
 

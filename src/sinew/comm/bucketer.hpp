@@ -7,11 +7,18 @@
 // goes on with earlier layers. Buckets are reduced in bucket order on every rank, so all ranks issue the
 // same collectives in the same order.
 //
+// With overlap, each bucket is reduced by the backend's blocking allreduce (the MPI library's tuned
+// algorithms, measurably faster than its nonblocking ones) on the communication thread, and finish()
+// bounds the wait: past the deadline it aborts the backend (with ULFM that revokes the communicator, so
+// the blocked call returns at every rank) and throws Timeout. Without overlap, buckets are reduced on the
+// calling thread with the nonblocking operations, each polled against its deadline.
+//
 // The reduction is a sum. Training makes it the exact mean over the global batch by dividing each rank's
 // loss by the global number of samples in the step (see model::softmax_cross_entropy), which also stays
 // exact when the last step of an epoch gives ranks unequal batches.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -45,7 +52,8 @@ class GradientBucketer {
                    BucketOptions opts);
   GradientBucketer(const GradientBucketer&) = delete;
   GradientBucketer& operator=(const GradientBucketer&) = delete;
-  /// Stops the communication thread (after the bucket in flight, if any).
+  /// Stops the communication thread (after the bucket in flight, if any; a thread still blocked in a
+  /// collective after an abort without ULFM is left behind: the process is about to exit anyway).
   ~GradientBucketer();
 
   /// Reported by backward: the gradients of `r` (one entry of ready_order) are final.
@@ -68,8 +76,8 @@ class GradientBucketer {
     std::size_t ranges_total = 0;
     std::size_t ranges_ready = 0;
   };
-  void run();                  // communication thread
-  void reduce(std::size_t b);  // one bucket, on the calling thread
+  void run();                                 // communication thread
+  void reduce(std::size_t b, bool blocking);  // one bucket, on the calling thread
 
   Backend& backend_;
   std::span<float> grads_;
@@ -79,10 +87,13 @@ class GradientBucketer {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::size_t reduced_ = 0;   // guarded by mu_: buckets [0, reduced_) are reduced this step
-  std::exception_ptr error_;  // guarded by mu_
-  bool stop_ = false;         // guarded by mu_
-  double comm_ms_ = 0;        // guarded by mu_
+  std::size_t reduced_ = 0;               // guarded by mu_: buckets [0, reduced_) are reduced this step
+  std::exception_ptr error_;              // guarded by mu_
+  bool stop_ = false;                     // guarded by mu_
+  std::atomic<int> pending_{0};           // buckets complete but not yet taken by the communication thread
+  std::atomic<bool> reduced_all_{false};  // reduced_ == buckets_.size(), readable without mu_
+  bool busy_ = false;                     // guarded by mu_: the communication thread is inside a collective
+  double comm_ms_ = 0;                    // guarded by mu_
   double last_comm_ms_ = 0;
   double last_exposed_ms_ = 0;
   std::thread thread_;

@@ -121,6 +121,12 @@ std::unique_ptr<Work> MpiBackend::allreduce(Buffer buf, ReduceOp op, const Optio
   return one(fmt::format("allreduce({} x {})", buf.count, dtype_name(buf.dtype)), std::move(r));
 }
 
+void MpiBackend::allreduce_blocking(Buffer buf, ReduceOp op) {
+  check_usable();
+  SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, buf.data, checked_count(buf.count, "allreduce"), to_mpi(buf.dtype),
+                          to_mpi(op), comm_.get()));
+}
+
 std::unique_ptr<Work> MpiBackend::broadcast(Buffer buf, int root, const Options&) {
   check_usable();
   check_peer(root, "broadcast root");

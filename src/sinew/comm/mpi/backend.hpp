@@ -19,6 +19,7 @@ class MpiBackend final : public Backend {
   [[nodiscard]] int size() const override { return size_; }
 
   std::unique_ptr<Work> allreduce(Buffer buf, ReduceOp op, const Options& opts) override;
+  void allreduce_blocking(Buffer buf, ReduceOp op) override;
   std::unique_ptr<Work> broadcast(Buffer buf, int root, const Options& opts) override;
   std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) override;
   std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) override;
