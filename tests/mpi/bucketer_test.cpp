@@ -4,6 +4,7 @@
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/mpi/environment.hpp"
 
 using namespace sinew;
 
@@ -81,4 +82,35 @@ TEST(Bucketer, LateRankMakesFinishWaitNotFail) {
   for (const auto& r : layer_ranges({500, 500})) b.mark_ready(r);
   b.finish();
   for (float x : g) ASSERT_EQ(x, static_cast<float>(backend.size()));
+}
+
+TEST(Bucketer, MissingPeerGivesTimeoutNotHang) {
+  // Rank 0 gives up at its deadline and aborts the backend; with ULFM that revokes the communicator, so
+  // the late rank's allreduce fails promptly instead of hanging. Without ULFM nothing could interrupt the
+  // late rank's collective, so the scenario needs ULFM.
+  if (!mpi::ulfm_enabled()) GTEST_SKIP() << "needs ULFM (mpirun --with-ft ulfm)";
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  std::vector<float> g(1000, 1.f);
+  const auto ranges = layer_ranges({500, 500});
+  comm::BucketOptions o;
+  o.op.timeout = std::chrono::milliseconds(300);
+  comm::GradientBucketer b(backend, g, ranges, o);
+  if (backend.rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  for (const auto& r : ranges) b.mark_ready(r);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (backend.rank() == 0) {
+    EXPECT_THROW(b.finish(), Timeout);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  } else {
+    // ULFM does not make errors uniform: this rank's allreduce may still complete with the data rank 0
+    // sent before it gave up, or fail as revoked. It must not hang, and the group is unusable after.
+    try {
+      b.finish();
+    } catch (const CommFailure&) {
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the revoke notice arrive
+    EXPECT_THROW(backend.barrier_sync(), CommFailure);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
