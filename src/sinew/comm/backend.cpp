@@ -11,6 +11,7 @@ std::size_t dtype_size(DType t) noexcept {
     case DType::kInt32:
       return 4;
     case DType::kInt64:
+    case DType::kUInt64:
       return 8;
     case DType::kUInt8:
       return 1;
@@ -28,6 +29,8 @@ const char* dtype_name(DType t) noexcept {
       return "int32";
     case DType::kInt64:
       return "int64";
+    case DType::kUInt64:
+      return "uint64";
     case DType::kUInt8:
       return "uint8";
   }

@@ -21,7 +21,7 @@ namespace sinew::comm {
 
 using namespace std::chrono_literals;
 
-enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kUInt8 };
+enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kUInt64, kUInt8 };
 enum class ReduceOp : std::uint8_t { kSum, kMax, kMin };
 
 std::size_t dtype_size(DType t) noexcept;
@@ -38,6 +38,8 @@ constexpr DType dtype_of() {
     return DType::kInt32;
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return DType::kInt64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return DType::kUInt64;
   else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::byte>)
     return DType::kUInt8;
   else

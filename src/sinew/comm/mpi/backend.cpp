@@ -29,6 +29,8 @@ MPI_Datatype to_mpi(DType t) {
       return MPI_INT32_T;
     case DType::kInt64:
       return MPI_INT64_T;
+    case DType::kUInt64:
+      return MPI_UINT64_T;
     case DType::kUInt8:
       return MPI_UINT8_T;
   }

@@ -1,0 +1,487 @@
+#include "sinew/checkpoint/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
+#include <regex>
+#include <sstream>
+
+#include "sinew/checkpoint/hdf5.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/timer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace sinew::checkpoint {
+
+namespace {
+
+constexpr const char* kManifest = "manifest.h5";
+
+std::string ckpt_name(std::int64_t step) { return fmt::format("ckpt-{:010d}", step); }
+
+std::string shard_name(int rank, int world) { return fmt::format("shard-{:05d}-of-{:05d}.h5", rank, world); }
+
+/// Element offsets of a tensor of `n` elements split over `world` ranks in contiguous, balanced slices.
+std::vector<std::uint64_t> shard_offsets(std::uint64_t n, int world) {
+  std::vector<std::uint64_t> off(static_cast<std::size_t>(world) + 1);
+  for (int r = 0; r <= world; ++r)
+    off[static_cast<std::size_t>(r)] = n * static_cast<std::uint64_t>(r) / static_cast<std::uint64_t>(world);
+  return off;
+}
+
+std::uint32_t crc32_of(const float* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = reinterpret_cast<const Bytef*>(data);
+  std::size_t left = n * sizeof(float);
+  while (left > 0) {  // zlib's crc32 takes a uInt length
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
+    crc = crc32(crc, bytes, chunk);
+    bytes += chunk;
+    left -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// fsync a file or directory so that its data (or its entries) survive a crash.
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) SINEW_THROW(CheckpointError, "{}: cannot open to fsync: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) SINEW_THROW(CheckpointError, "{}: fsync failed: {}", path, std::strerror(err));
+}
+
+void crash_point(const WriterOptions& o, WritePhase here, int rank) {
+  if (o.crash_at == here && o.crash_rank == rank) {
+    std::fprintf(stderr, "sinew: fault injection: rank %d killed at checkpoint phase %s\n", rank,
+                 phase_name(here));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : "\n") + x;
+  return s;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+void write_meta(hid_t f, const TrainingState& st, const std::vector<std::string>& names,
+                const std::string& file) {
+  h5::write_attr(f, "schema_version", static_cast<std::int64_t>(kSchemaVersion), file);
+  h5::write_attr(f, "step", st.step, file);
+  h5::write_attr(f, "epoch", st.epoch, file);
+  h5::write_attr(f, "cursor", static_cast<std::uint64_t>(st.cursor), file);
+  h5::write_attr(f, "dataset_size", static_cast<std::uint64_t>(st.dataset_size), file);
+  h5::write_attr(f, "seed", static_cast<std::uint64_t>(st.seed), file);
+  h5::write_attr(f, "optimizer_steps", st.optimizer_steps, file);
+  h5::write_attr(f, "world_size", static_cast<std::int64_t>(st.world_size), file);
+  h5::write_attr(f, "config_json", st.config_json, file);
+  h5::write_attr(f, "tensor_names", join(names), file);
+}
+
+TrainingState read_meta(hid_t f, const std::string& file) {
+  TrainingState st;
+  st.step = h5::read_attr_i64(f, "step", file);
+  st.epoch = h5::read_attr_i64(f, "epoch", file);
+  st.cursor = h5::read_attr_u64(f, "cursor", file);
+  st.dataset_size = h5::read_attr_u64(f, "dataset_size", file);
+  st.seed = h5::read_attr_u64(f, "seed", file);
+  st.optimizer_steps = h5::read_attr_i64(f, "optimizer_steps", file);
+  st.world_size = static_cast<std::int32_t>(h5::read_attr_i64(f, "world_size", file));
+  st.config_json = h5::read_attr_string(f, "config_json", file);
+  return st;
+}
+
+/// The manifest, as a virtual dataset per tensor over the shard files (so h5py sees whole tensors).
+void write_manifest(const std::string& path, const TrainingState& st, const std::vector<std::string>& names,
+                    const std::vector<std::vector<std::uint32_t>>& crcs /* [rank][tensor] */) {
+  const int world = st.world_size;
+  h5::Handle f = h5::create_file(path);
+  write_meta(f.get(), st, names, path);
+  for (std::size_t t = 0; t < names.size(); ++t) {
+    const auto n = static_cast<std::uint64_t>(st.tensors.at(names[t]).size());
+    const auto off = shard_offsets(n, world);
+    std::vector<std::uint32_t> tensor_crcs(static_cast<std::size_t>(world));
+    const hsize_t dims = n;
+    h5::Handle vspace(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    for (int r = 0; r < world; ++r) {
+      tensor_crcs[static_cast<std::size_t>(r)] = crcs[static_cast<std::size_t>(r)][t];
+      const hsize_t start = off[static_cast<std::size_t>(r)];
+      const hsize_t count = off[static_cast<std::size_t>(r) + 1] - start;
+      if (count == 0) continue;
+      h5::Handle sel(H5Scopy(vspace.get()), H5Sclose);
+      H5Sselect_hyperslab(sel.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+      h5::Handle src(H5Screate_simple(1, &count, nullptr), H5Sclose);
+      // Relative source names resolve against the manifest's own directory.
+      if (H5Pset_virtual(dcpl.get(), sel.get(), shard_name(r, world).c_str(),
+                         ("/tensors/" + names[t]).c_str(), src.get()) < 0) {
+        SINEW_THROW(CheckpointError, "{}: cannot map tensor {} to its shards", path, names[t]);
+      }
+    }
+    h5::Handle ds(H5Dcreate2(f.get(), ("tensors/" + names[t]).c_str(), H5T_IEEE_F32LE, vspace.get(),
+                             h5::intermediate_groups().get(), dcpl.get(), H5P_DEFAULT),
+                  H5Dclose);
+    if (ds.get() < 0)
+      SINEW_THROW(CheckpointError, "{}: cannot create virtual dataset for {}", path, names[t]);
+    h5::write_attr(ds.get(), "size", n, path);
+    h5::write_attr(ds.get(), "shard_offsets", off, path);
+    h5::write_attr(ds.get(), "shard_crc32", tensor_crcs, path);
+  }
+  if (!f.close()) SINEW_THROW(CheckpointError, "{}: closing the manifest failed (disk full?)", path);
+  fsync_path(path, false);
+}
+
+/// Writes this rank's shard and makes it durable; returns the CRC32 of each tensor slice.
+std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingState& st,
+                                       const std::vector<std::string>& names, int rank,
+                                       const WriterOptions& o, std::uint64_t& bytes) {
+  crash_point(o, WritePhase::kBeforeShardData, rank);
+  std::vector<std::uint32_t> crcs;
+  {
+    h5::Handle f = h5::create_file(path);
+    write_meta(f.get(), st, names, path);
+    h5::write_attr(f.get(), "rank", static_cast<std::int64_t>(rank), path);
+    for (const auto& name : names) {
+      const auto& full = st.tensors.at(name);
+      const auto off = shard_offsets(full.size(), st.world_size);
+      const std::size_t begin = off[static_cast<std::size_t>(rank)];
+      const std::size_t count = off[static_cast<std::size_t>(rank) + 1] - begin;
+      h5::write_floats(f.get(), "tensors/" + name, full.data() + begin, count, path);
+      crcs.push_back(crc32_of(full.data() + begin, count));
+      bytes += count * sizeof(float);
+    }
+    crash_point(o, WritePhase::kAfterShardData, rank);
+    if (!f.close()) SINEW_THROW(CheckpointError, "{}: closing the shard failed (disk full?)", path);
+  }
+  crash_point(o, WritePhase::kBeforeFsync, rank);
+  fsync_path(path, false);
+  return crcs;
+}
+
+std::vector<std::string> tensor_names(const TrainingState& st) {
+  std::vector<std::string> names;
+  for (const auto& [name, _] : st.tensors) {
+    if (name.empty() || name.find('\n') != std::string::npos || name.front() == '/' || name.back() == '/') {
+      SINEW_THROW(InvalidArgument, "checkpoint: invalid tensor name '{}'", name);
+    }
+    names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+const char* phase_name(WritePhase p) noexcept {
+  switch (p) {
+    case WritePhase::kNone:
+      return "none";
+    case WritePhase::kBeforeShardData:
+      return "before-shard-data";
+    case WritePhase::kAfterShardData:
+      return "after-shard-data";
+    case WritePhase::kBeforeFsync:
+      return "before-fsync";
+    case WritePhase::kBeforeManifest:
+      return "before-manifest";
+    case WritePhase::kBeforeRename:
+      return "before-rename";
+  }
+  return "?";
+}
+
+WritePhase parse_phase(const std::string& name) {
+  for (auto p : {WritePhase::kBeforeShardData, WritePhase::kAfterShardData, WritePhase::kBeforeFsync,
+                 WritePhase::kBeforeManifest, WritePhase::kBeforeRename}) {
+    if (name == phase_name(p)) return p;
+  }
+  SINEW_THROW(InvalidArgument,
+              "unknown checkpoint phase '{}'; use before-shard-data, after-shard-data, before-fsync, "
+              "before-manifest or before-rename",
+              name);
+}
+
+Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
+    : dir_(std::move(dir)), backend_(backend), opts_(opts) {
+  std::int64_t ok = 1;
+  std::string why;
+  if (backend_.rank() == 0) {
+    try {
+      fs::create_directories(dir_);
+      for (const auto& e : fs::directory_iterator(dir_)) {
+        const std::string n = e.path().filename().string();
+        if (e.is_directory() && n.starts_with("ckpt-") && n.ends_with(".partial")) fs::remove_all(e.path());
+      }
+    } catch (const fs::filesystem_error& e) {
+      ok = 0;
+      why = e.what();
+    }
+  }
+  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), 0, opts_.op);
+  if (!ok) {
+    SINEW_THROW(CheckpointError, "--checkpoint-dir {}: cannot use it: {}", dir_,
+                why.empty() ? "rank 0 could not create or clean it" : why);
+  }
+}
+
+SaveResult Writer::save(const TrainingState& state) {
+  const int rank = backend_.rank(), world = backend_.size();
+  SINEW_ENFORCE_EQ(state.world_size, world, "TrainingState.world_size must be the writing group's size");
+  const auto names = tensor_names(state);
+  const std::string final_dir = (fs::path(dir_) / ckpt_name(state.step)).string();
+  const std::string partial = final_dir + ".partial";
+  SaveResult res;
+  res.path = final_dir;
+  const auto t0 = Clock::now();
+
+  // 1. Rank 0 prepares the .partial directory; everyone learns the outcome.
+  std::int64_t prep = 0;  // 0 go, 1 already committed, 2 error
+  std::string why;
+  if (rank == 0) {
+    try {
+      if (fs::exists(fs::path(final_dir) / kManifest)) {
+        prep = 1;
+      } else {
+        fs::remove_all(partial);
+        fs::create_directories(partial);
+      }
+    } catch (const fs::filesystem_error& e) {
+      prep = 2;
+      why = e.what();
+    }
+  }
+  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&prep, 1)), 0, opts_.op);
+  if (prep == 1) {
+    res.skipped = true;
+    return res;
+  }
+  if (prep == 2)
+    SINEW_THROW(CheckpointError, "cannot create {}: {}", partial, why.empty() ? "see rank 0" : why);
+
+  // 2. Every rank writes and syncs its shard; failures are agreed on, never left one-sided.
+  std::vector<std::uint64_t> mine(names.size() + 2, 0);  // ok, bytes, crc per tensor
+  try {
+    std::uint64_t bytes = 0;
+    const auto crcs =
+        write_shard((fs::path(partial) / shard_name(rank, world)).string(), state, names, rank, opts_, bytes);
+    mine[0] = 1;
+    mine[1] = bytes;
+    std::copy(crcs.begin(), crcs.end(), mine.begin() + 2);
+  } catch (const CheckpointError& e) {
+    why = e.message();
+  }
+  std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(world));
+  backend_.allgather_sync(comm::Buffer::of(std::span<std::uint64_t>(mine)),
+                          comm::Buffer::of(std::span<std::uint64_t>(all)), opts_.op);
+  std::vector<int> failed;
+  std::vector<std::vector<std::uint32_t>> crcs(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const std::uint64_t* row = all.data() + mine.size() * static_cast<std::size_t>(r);
+    if (row[0] != 1) failed.push_back(r);
+    res.bytes += row[1];
+    for (std::size_t t = 0; t < names.size(); ++t) {
+      crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[2 + t]));
+    }
+  }
+  res.write_ms = seconds_since(t0) * 1e3;
+  if (!failed.empty()) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(partial, ec);
+    }
+    SINEW_THROW(CheckpointError,
+                "checkpoint of step {} not written: {} of {} ranks failed to write their shard{}", state.step,
+                failed.size(), world, why.empty() ? std::string() : " (this rank: " + why + ")");
+  }
+
+  // 3. Rank 0 writes the manifest and commits by renaming the directory; everyone learns the outcome.
+  const auto t1 = Clock::now();
+  std::int64_t committed = 1;
+  if (rank == 0) {
+    try {
+      crash_point(opts_, WritePhase::kBeforeManifest, rank);
+      TrainingState meta = state;
+      write_manifest((fs::path(partial) / kManifest).string(), meta, names, crcs);
+      fsync_path(partial, true);
+      crash_point(opts_, WritePhase::kBeforeRename, rank);
+      fs::rename(partial, final_dir);
+      fsync_path(dir_, true);
+    } catch (const Error& e) {
+      committed = 0;
+      why = e.message();
+    } catch (const fs::filesystem_error& e) {
+      committed = 0;
+      why = e.what();
+    }
+    if (!committed) {
+      std::error_code ec;
+      fs::remove_all(partial, ec);
+    }
+  }
+  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&committed, 1)), 0, opts_.op);
+  if (!committed) {
+    SINEW_THROW(CheckpointError, "checkpoint of step {} not committed: {}", state.step,
+                why.empty() ? "rank 0 could not write the manifest" : why);
+  }
+  res.commit_ms = seconds_since(t1) * 1e3;
+
+  // 4. Prune: keep the newest `keep` committed checkpoints.
+  if (rank == 0 && opts_.keep > 0) {
+    auto entries = scan(dir_, /*check=*/false);
+    for (std::size_t i = static_cast<std::size_t>(opts_.keep); i < entries.size(); ++i) {
+      std::error_code ec;
+      fs::remove_all(entries[i].path, ec);
+    }
+  }
+  return res;
+}
+
+ManifestInfo read_manifest(const std::string& path) {
+  fs::path dir = path;
+  if (!fs::is_directory(dir)) dir = dir.parent_path();
+  const std::string file = (dir / kManifest).string();
+  if (!fs::exists(file))
+    SINEW_THROW(CheckpointError, "{}: manifest is missing (not a committed checkpoint)", file);
+  h5::Handle f = h5::open_file(file);
+  ManifestInfo info;
+  info.schema_version = static_cast<int>(h5::read_attr_i64(f.get(), "schema_version", file));
+  if (info.schema_version != kSchemaVersion) {
+    SINEW_THROW(CheckpointError, "{}: schema version {} is not supported (this Sinew reads version {})", file,
+                info.schema_version, kSchemaVersion);
+  }
+  info.meta = read_meta(f.get(), file);
+  static const std::regex kName(R"(ckpt-(\d{10}))");
+  std::smatch m;
+  const std::string dname = dir.filename().string();
+  if (std::regex_match(dname, m, kName) && std::stoll(m[1].str()) != info.meta.step) {
+    SINEW_THROW(CheckpointError, "{}: manifest is for step {} but the directory says step {}", file,
+                info.meta.step, std::stoll(m[1].str()));
+  }
+  if (info.meta.world_size < 1 || info.meta.world_size > (1 << 20)) {
+    SINEW_THROW(CheckpointError, "{}: implausible world size {}", file, info.meta.world_size);
+  }
+  for (const auto& name : split_lines(h5::read_attr_string(f.get(), "tensor_names", file))) {
+    const std::string ds_name = "tensors/" + name;
+    if (H5Lexists(f.get(), "tensors", H5P_DEFAULT) <= 0 ||
+        H5Lexists(f.get(), ds_name.c_str(), H5P_DEFAULT) <= 0) {
+      SINEW_THROW(CheckpointError, "{}: tensor '{}' is listed but missing", file, name);
+    }
+    h5::Handle ds(H5Dopen2(f.get(), ds_name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (ds.get() < 0) SINEW_THROW(CheckpointError, "{}: cannot open tensor '{}'", file, name);
+    ManifestInfo::Tensor t;
+    t.name = name;
+    t.size = h5::read_attr_u64(ds.get(), "size", file);
+    t.shard_offsets = h5::read_attr_u64s(ds.get(), "shard_offsets", file);
+    t.shard_crc32 = h5::read_attr_u32s(ds.get(), "shard_crc32", file);
+    const auto w = static_cast<std::size_t>(info.meta.world_size);
+    if (t.shard_offsets.size() != w + 1 || t.shard_crc32.size() != w || t.shard_offsets.front() != 0 ||
+        t.shard_offsets.back() != t.size || !std::is_sorted(t.shard_offsets.begin(), t.shard_offsets.end())) {
+      SINEW_THROW(CheckpointError, "{}: tensor '{}' has inconsistent shard offsets or checksums", file, name);
+    }
+    info.tensors.push_back(std::move(t));
+  }
+  return info;
+}
+
+TrainingState load(const std::string& path) {
+  const ManifestInfo info = read_manifest(path);
+  fs::path dir = path;
+  if (!fs::is_directory(dir)) dir = dir.parent_path();
+  TrainingState st = info.meta;
+  for (const auto& t : info.tensors) st.tensors[t.name].assign(t.size, 0.f);
+  const int world = info.meta.world_size;
+  for (int r = 0; r < world; ++r) {
+    const std::string file = (dir / shard_name(r, world)).string();
+    if (!fs::exists(file)) SINEW_THROW(CheckpointError, "{}: shard file is missing", file);
+    h5::Handle f = h5::open_file(file);
+    if (h5::read_attr_i64(f.get(), "rank", file) != r ||
+        h5::read_attr_i64(f.get(), "step", file) != info.meta.step ||
+        h5::read_attr_i64(f.get(), "world_size", file) != world) {
+      SINEW_THROW(CheckpointError,
+                  "{}: shard belongs to another checkpoint (rank, step or world size differ)", file);
+    }
+    for (const auto& t : info.tensors) {
+      const auto ri = static_cast<std::size_t>(r);
+      const std::size_t begin = t.shard_offsets[ri], count = t.shard_offsets[ri + 1] - begin;
+      float* out = st.tensors[t.name].data() + begin;
+      h5::read_floats(f.get(), "tensors/" + t.name, out, count, file);
+      const std::uint32_t crc = crc32_of(out, count);
+      if (crc != t.shard_crc32[ri]) {
+        SINEW_THROW(
+            CheckpointError,
+            "{}: tensor '{}' fails its CRC32 check (manifest 0x{:08x}, data 0x{:08x}): the shard is corrupt",
+            file, t.name, t.shard_crc32[ri], crc);
+      }
+    }
+  }
+  return st;
+}
+
+std::string verify(const std::string& path) {
+  try {
+    load(path);
+    return {};
+  } catch (const CheckpointError& e) {
+    return e.message();
+  }
+}
+
+std::vector<Entry> scan(const std::string& dir, bool check) {
+  std::vector<Entry> out;
+  static const std::regex kName(R"(ckpt-(\d{10}))");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(n, m, kName)) continue;
+    Entry entry;
+    entry.path = e.path().string();
+    entry.step = std::stoll(m[1].str());
+    entry.reason = check ? verify(entry.path) : std::string();
+    entry.valid = entry.reason.empty();
+    out.push_back(std::move(entry));
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
+  return out;
+}
+
+Latest find_latest(const std::string& dir) {
+  Latest l;
+  for (auto& e : scan(dir, /*check=*/true)) {
+    if (e.valid) {
+      l.found = std::move(e);
+      break;
+    }
+    l.skipped.push_back(std::move(e));
+  }
+  return l;
+}
+
+void export_plain(const TrainingState& state, const std::string& file) {
+  const auto names = tensor_names(state);
+  h5::Handle f = h5::create_file(file);
+  write_meta(f.get(), state, names, file);
+  for (const auto& name : names) {
+    const auto& v = state.tensors.at(name);
+    h5::write_floats(f.get(), "tensors/" + name, v.data(), v.size(), file);
+  }
+  if (!f.close()) SINEW_THROW(CheckpointError, "{}: closing failed (disk full?)", file);
+}
+
+}  // namespace sinew::checkpoint

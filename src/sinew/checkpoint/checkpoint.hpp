@@ -1,0 +1,119 @@
+// HDF5 checkpoints: sharded parallel write, atomic commit, verified load at any world size.
+//
+// Layout of a checkpoint directory (docs/checkpoint-format.md has the full schema):
+//
+//   DIR/ckpt-0000000120/                      one committed checkpoint (step 120)
+//       shard-00000-of-00004.h5 ...           rank r's contiguous slice of every tensor, with its CRC32
+//       manifest.h5                           metadata, per-shard offsets and checksums, and HDF5 virtual
+//                                             datasets that show each tensor whole (h5py, h5dump)
+//   DIR/ckpt-0000000140.partial/              a write in progress or abandoned: never loaded
+//
+// Every rank writes its own shard file with plain serial HDF5, concurrently, then fsyncs it. A rank dying
+// mid-write cannot hang the others inside an MPI-IO collective (which ULFM does not cover): the only
+// collectives are the backend's small ones (agreeing on success, gathering checksums), which have
+// deadlines. Rank 0 then writes the manifest into the .partial directory, fsyncs it, and renames the
+// directory to its final name: the checkpoint exists exactly when that rename is done.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sinew/checkpoint/state.hpp"
+#include "sinew/comm/backend.hpp"
+
+namespace sinew::checkpoint {
+
+/// Named points inside save() where tests inject a failure (docs/fault-tolerance.md).
+enum class WritePhase {
+  kNone,
+  kBeforeShardData,
+  kAfterShardData,
+  kBeforeFsync,
+  kBeforeManifest,
+  kBeforeRename
+};
+const char* phase_name(WritePhase p) noexcept;
+/// Parses "before-shard-data", "after-shard-data", "before-fsync", "before-manifest", "before-rename".
+WritePhase parse_phase(const std::string& name);
+
+struct WriterOptions {
+  int keep = 3;                             ///< newest committed checkpoints to keep (0: all)
+  comm::Options op;                         ///< deadline of the writer's collectives
+  WritePhase crash_at = WritePhase::kNone;  ///< fault injection: this rank raises SIGKILL there
+  int crash_rank = -1;                      ///< ... if it is this rank
+};
+
+struct SaveResult {
+  std::string path;         ///< the committed directory
+  std::uint64_t bytes = 0;  ///< bytes of tensor data written by all ranks
+  double write_ms = 0;      ///< until every shard was durable
+  double commit_ms = 0;     ///< manifest + rename
+  bool skipped = false;     ///< a checkpoint of this step already existed
+};
+
+class Writer {
+ public:
+  /// `dir` is created if missing (by rank 0). Removes abandoned .partial directories.
+  Writer(std::string dir, comm::Backend& backend, WriterOptions opts = {});
+
+  /// Collective: writes `state` (the same on every rank, as in data-parallel training), commits it
+  /// atomically and prunes old checkpoints. Throws CheckpointError (every rank) if any rank failed to
+  /// write; the previous checkpoints stay valid. Throws CommFailure/Timeout if a peer died.
+  SaveResult save(const TrainingState& state);
+
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+
+ private:
+  std::string dir_;
+  comm::Backend& backend_;
+  WriterOptions opts_;
+};
+
+/// What a manifest says, without reading tensor data.
+struct ManifestInfo {
+  int schema_version = 0;
+  TrainingState meta;  ///< every field but tensors
+  struct Tensor {
+    std::string name;
+    std::uint64_t size = 0;
+    std::vector<std::uint64_t> shard_offsets;  ///< world_size + 1 entries
+    std::vector<std::uint32_t> shard_crc32;    ///< world_size entries
+  };
+  std::vector<Tensor> tensors;
+};
+
+/// Reads and checks a checkpoint's manifest (directory or manifest.h5 path). Throws CheckpointError
+/// naming the file for a missing/corrupt manifest, an unknown schema version, or a manifest whose step
+/// differs from the directory name.
+ManifestInfo read_manifest(const std::string& path);
+
+/// Loads a committed checkpoint completely, verifying every shard's size and CRC32 against the manifest.
+/// Works at any world size: the result holds whole tensors. Throws CheckpointError naming the bad file.
+TrainingState load(const std::string& path);
+
+/// Checks a checkpoint as load() does, without keeping the data; empty string if valid, else the reason.
+std::string verify(const std::string& path);
+
+struct Entry {
+  std::string path;
+  std::int64_t step = -1;
+  bool valid = false;
+  std::string reason;  ///< why it is not valid
+};
+
+/// Committed checkpoints under `dir`, newest first; with `check`, each one verified (reads all data).
+std::vector<Entry> scan(const std::string& dir, bool check);
+
+/// The newest checkpoint that verifies, and the newer ones skipped with their reasons.
+struct Latest {
+  std::optional<Entry> found;
+  std::vector<Entry> skipped;
+};
+Latest find_latest(const std::string& dir);
+
+/// Writes `state` into one plain HDF5 file (no shards, no virtual datasets): for h5py users.
+void export_plain(const TrainingState& state, const std::string& file);
+
+}  // namespace sinew::checkpoint

@@ -1,0 +1,200 @@
+#include "sinew/checkpoint/hdf5.hpp"
+
+#include "sinew/core/error.hpp"
+
+namespace sinew::checkpoint::h5 {
+
+namespace {
+[[noreturn]] void fail(const std::string& file, const std::string& what) {
+  SINEW_THROW(CheckpointError, "{}: {}", file, what);
+}
+
+template <class T>
+hid_t native() {
+  if constexpr (std::is_same_v<T, std::int64_t>)
+    return H5T_NATIVE_INT64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return H5T_NATIVE_UINT64;
+  else
+    return H5T_NATIVE_UINT32;
+}
+
+template <class T>
+void write_array_attr(hid_t obj, const std::string& name, const T* v, std::size_t n,
+                      const std::string& file) {
+  const hsize_t dims = n;
+  Handle space(n == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle attr(H5Acreate2(obj, name.c_str(), native<T>(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (attr.get() < 0 || H5Awrite(attr.get(), native<T>(), v) < 0)
+    fail(file, "cannot write attribute " + name);
+}
+
+Handle open_attr(hid_t obj, const std::string& name, const std::string& file) {
+  if (H5Aexists(obj, name.c_str()) <= 0) fail(file, "attribute '" + name + "' is missing");
+  Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  if (attr.get() < 0) fail(file, "cannot open attribute " + name);
+  return attr;
+}
+
+template <class T>
+std::vector<T> read_array_attr(hid_t obj, const std::string& name, const std::string& file) {
+  Handle attr = open_attr(obj, name, file);
+  Handle space(H5Aget_space(attr.get()), H5Sclose);
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  if (n < 0 || n > (1 << 24)) fail(file, "attribute " + name + " has an implausible size");
+  std::vector<T> v(static_cast<std::size_t>(n));
+  if (n > 0 && H5Aread(attr.get(), native<T>(), v.data()) < 0) fail(file, "cannot read attribute " + name);
+  return v;
+}
+
+template <class T>
+T read_scalar_attr(hid_t obj, const std::string& name, const std::string& file) {
+  auto v = read_array_attr<T>(obj, name, file);
+  if (v.size() != 1) fail(file, "attribute " + name + " is not a scalar");
+  return v[0];
+}
+}  // namespace
+
+Handle intermediate_groups() {
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  return lcpl;
+}
+
+void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+Handle create_file(const std::string& path) {
+  quiet();
+  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) fail(path, "cannot create HDF5 file (directory missing, no permission or disk full?)");
+  return f;
+}
+
+Handle open_file(const std::string& path) {
+  quiet();
+  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) fail(path, "cannot open as HDF5 (missing, truncated or corrupt)");
+  return f;
+}
+
+Handle create_group(hid_t loc, const std::string& name) {
+  Handle g(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (g.get() < 0) SINEW_THROW(CheckpointError, "cannot create HDF5 group {}", name);
+  return g;
+}
+
+void write_floats(hid_t loc, const std::string& name, const float* data, std::size_t n,
+                  const std::string& file) {
+  const hsize_t dims = n;
+  Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle ds(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), intermediate_groups().get(),
+                       H5P_DEFAULT, H5P_DEFAULT),
+            H5Dclose);
+  if (ds.get() < 0) fail(file, "cannot create dataset " + name);
+  if (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    fail(file, "cannot write dataset " + name + " (disk full?)");
+  }
+  if (!ds.close()) fail(file, "cannot close dataset " + name + " (disk full?)");
+}
+
+std::uint64_t dataset_size(hid_t loc, const std::string& name, const std::string& file) {
+  if (H5Lexists(loc, name.c_str(), H5P_DEFAULT) <= 0) fail(file, "dataset '" + name + "' is missing");
+  Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (ds.get() < 0) fail(file, "cannot open dataset " + name);
+  Handle space(H5Dget_space(ds.get()), H5Sclose);
+  if (H5Sget_simple_extent_ndims(space.get()) != 1) fail(file, "dataset " + name + " is not one-dimensional");
+  hsize_t dims = 0;
+  H5Sget_simple_extent_dims(space.get(), &dims, nullptr);
+  return dims;
+}
+
+void read_floats(hid_t loc, const std::string& name, float* out, std::size_t n, const std::string& file) {
+  if (dataset_size(loc, name, file) != n) fail(file, "dataset " + name + " has an unexpected size");
+  Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (n > 0 && H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+    fail(file, "cannot read dataset " + name + " (truncated or corrupt file)");
+  }
+}
+
+void write_attr(hid_t obj, const std::string& name, std::int64_t v, const std::string& file) {
+  write_array_attr(obj, name, &v, 1, file);
+}
+void write_attr(hid_t obj, const std::string& name, std::uint64_t v, const std::string& file) {
+  write_array_attr(obj, name, &v, 1, file);
+}
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint64_t>& v,
+                const std::string& file) {
+  const hsize_t dims = v.size();
+  Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle attr(H5Acreate2(obj, name.c_str(), H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
+  if (attr.get() < 0 || H5Awrite(attr.get(), H5T_NATIVE_UINT64, v.data()) < 0) {
+    fail(file, "cannot write attribute " + name);
+  }
+}
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint32_t>& v,
+                const std::string& file) {
+  const hsize_t dims = v.size();
+  Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle attr(H5Acreate2(obj, name.c_str(), H5T_NATIVE_UINT32, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
+  if (attr.get() < 0 || H5Awrite(attr.get(), H5T_NATIVE_UINT32, v.data()) < 0) {
+    fail(file, "cannot write attribute " + name);
+  }
+}
+void write_attr(hid_t obj, const std::string& name, const std::string& v, const std::string& file) {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<std::size_t>(v.size(), 1));
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const std::string padded = v.empty() ? std::string(1, '\0') : v;
+  if (attr.get() < 0 || H5Awrite(attr.get(), type.get(), padded.data()) < 0) {
+    fail(file, "cannot write attribute " + name);
+  }
+}
+
+std::int64_t read_attr_i64(hid_t obj, const std::string& name, const std::string& file) {
+  return read_scalar_attr<std::int64_t>(obj, name, file);
+}
+std::uint64_t read_attr_u64(hid_t obj, const std::string& name, const std::string& file) {
+  return read_scalar_attr<std::uint64_t>(obj, name, file);
+}
+std::vector<std::uint64_t> read_attr_u64s(hid_t obj, const std::string& name, const std::string& file) {
+  return read_array_attr<std::uint64_t>(obj, name, file);
+}
+std::vector<std::uint32_t> read_attr_u32s(hid_t obj, const std::string& name, const std::string& file) {
+  return read_array_attr<std::uint32_t>(obj, name, file);
+}
+
+std::string read_attr_string(hid_t obj, const std::string& name, const std::string& file) {
+  Handle attr = open_attr(obj, name, file);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0) {
+    fail(file, "attribute " + name + " is not a fixed-length string");
+  }
+  const std::size_t n = H5Tget_size(type.get());
+  if (n > (64u << 20)) fail(file, "attribute " + name + " has an implausible size");
+  std::string s(n, '\0');
+  if (H5Aread(attr.get(), type.get(), s.data()) < 0) fail(file, "cannot read attribute " + name);
+  if (auto z = s.find('\0'); z != std::string::npos) s.resize(z);
+  return s;
+}
+
+std::vector<std::string> members(hid_t group, const std::string& file) {
+  H5G_info_t info{};
+  if (H5Gget_info(group, &info) < 0) fail(file, "cannot list group");
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t len =
+        H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (len < 0) fail(file, "cannot read a group member's name");
+    std::string name(static_cast<std::size_t>(len) + 1, '\0');
+    H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
+    name.resize(static_cast<std::size_t>(len));
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+}  // namespace sinew::checkpoint::h5

@@ -1,0 +1,81 @@
+// Thin checked RAII wrappers over the HDF5 C API (HighFive style): one owner per hid_t, moves leave the
+// source invalid, destructors never throw. Internal to the checkpoint layer.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sinew::checkpoint::h5 {
+
+/// Owns one HDF5 identifier and closes it with the matching H5?close.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), close_(closer) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  ~Handle() { reset(); }
+  [[nodiscard]] hid_t get() const noexcept { return id_; }
+  /// Closes now; returns false if HDF5 reported an error (e.g. the final flush of a file failed).
+  bool close() noexcept {
+    if (id_ < 0) return true;
+    const bool ok = close_(id_) >= 0;
+    id_ = H5I_INVALID_HID;
+    return ok;
+  }
+  void reset() noexcept { close(); }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer close_ = nullptr;
+};
+
+/// A link-creation property list that creates missing intermediate groups ("tensors/optim/momentum").
+Handle intermediate_groups();
+
+/// Turns off HDF5's automatic error printing (errors become CheckpointError messages instead).
+void quiet();
+
+Handle create_file(const std::string& path);
+Handle open_file(const std::string& path);
+Handle create_group(hid_t loc, const std::string& name);
+
+/// A 1-D float dataset with the given contents.
+void write_floats(hid_t loc, const std::string& name, const float* data, std::size_t n,
+                  const std::string& file);
+/// Size of a 1-D dataset; throws CheckpointError naming `file` if it is missing or not 1-D.
+std::uint64_t dataset_size(hid_t loc, const std::string& name, const std::string& file);
+void read_floats(hid_t loc, const std::string& name, float* out, std::size_t n, const std::string& file);
+
+void write_attr(hid_t obj, const std::string& name, std::int64_t v, const std::string& file);
+void write_attr(hid_t obj, const std::string& name, std::uint64_t v, const std::string& file);
+void write_attr(hid_t obj, const std::string& name, const std::string& v, const std::string& file);
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint64_t>& v,
+                const std::string& file);
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint32_t>& v,
+                const std::string& file);
+
+std::int64_t read_attr_i64(hid_t obj, const std::string& name, const std::string& file);
+std::uint64_t read_attr_u64(hid_t obj, const std::string& name, const std::string& file);
+std::string read_attr_string(hid_t obj, const std::string& name, const std::string& file);
+std::vector<std::uint64_t> read_attr_u64s(hid_t obj, const std::string& name, const std::string& file);
+std::vector<std::uint32_t> read_attr_u32s(hid_t obj, const std::string& name, const std::string& file);
+
+/// Names of the members of a group, in creation or name order.
+std::vector<std::string> members(hid_t group, const std::string& file);
+
+}  // namespace sinew::checkpoint::h5
