@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "common.hpp"
+#include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/trainer.hpp"
@@ -26,6 +27,18 @@ int main(int argc, char** argv) {
     if (env.world_rank() == 0) {
       spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s", s.steps,
                    s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
+    }
+    if (s.stopped_by_signal != 0) {
+      if (env.world_rank() == 0) {
+        spdlog::warn("stopped by signal {} after a checkpoint; relaunch with --resume auto to continue",
+                     s.stopped_by_signal);
+      }
+      return static_cast<int>(sinew::ExitCode::kRelaunch);
+    }
+    if (!s.checkpoint_error.empty()) {
+      if (env.world_rank() == 0)
+        spdlog::error("training finished but a checkpoint failed: {}", s.checkpoint_error);
+      return static_cast<int>(sinew::ExitCode::kCheckpoint);
     }
     return 0;
   });

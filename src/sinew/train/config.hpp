@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace sinew::train {
 
 struct Config {
@@ -35,14 +37,16 @@ struct Config {
   double bucket_mb = 4.0;
   bool overlap = true;
   int timeout_ms = 300000;  ///< deadline of every collective
-  // elasticity and checkpoints (reserved options are validated, see options.cpp)
+  // checkpoints
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int checkpoint_keep = 3;
+  std::string resume = "auto";  ///< auto | never | PATH
+  // elasticity (reserved options are validated, see options.cpp)
   std::string elastic = "off";  ///< off | inplace | restart
   int min_ranks = 1;
   int max_ranks = 0;                ///< 0: the launch size
   std::string lr_scaling = "none";  ///< none | linear | sqrt
-  std::string checkpoint_dir;
-  std::int64_t checkpoint_every = 0;
-  std::string resume = "auto";  ///< auto | never | PATH
   // run
   std::string device = "cpu";
   std::uint64_t seed = 42;
@@ -61,6 +65,9 @@ struct ParseResult {
 /// Parses argv (and --config FILE). Throws InvalidArgument with a one-line message naming the option for
 /// unknown or malformed options and bad values (exit code 2).
 ParseResult parse_command_line(int argc, const char* const* argv);
+
+/// The configuration as JSON (stored in checkpoints; the keys are the long options with '_').
+nlohmann::json to_json(const Config& c);
 
 /// Checks values and combinations; throws InvalidArgument naming the option.
 void validate(const Config& c);

@@ -9,6 +9,8 @@
 #include "sinew/core/log.hpp"
 #include "sinew/train/config.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace po = boost::program_options;
 
 namespace sinew::train {
@@ -61,20 +63,27 @@ po::options_description describe(Config& c, std::string& config_file) {
       "overlap", po::value(&c.overlap)->default_value(c.overlap)->value_name("BOOL"),
       "reduce buckets on a communication thread during backward")(
       "timeout-ms", po::value(&c.timeout_ms)->default_value(c.timeout_ms), "deadline of every collective");
-  po::options_description el("Elasticity and checkpoints (reserved: see --help notes)");
+  po::options_description ck("Checkpoints");
+  ck.add_options()("checkpoint-dir", po::value(&c.checkpoint_dir)->value_name("DIR"),
+                   "write HDF5 checkpoints here (docs/checkpoint-format.md)")(
+      "checkpoint-every",
+      po::value(&c.checkpoint_every)->default_value(c.checkpoint_every)->value_name("STEPS"),
+      "checkpoint every N steps (0: only at the end and on SIGUSR1/SIGTERM)")(
+      "checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep)->value_name("K"),
+      "keep the newest K checkpoints (0: all)")(
+      "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
+      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory");
+  po::options_description el("Elasticity (reserved for the next release)");
   el.add_options()("elastic", po::value(&c.elastic)->default_value(c.elastic),
                    "off (inplace | restart are reserved)")(
       "min-ranks", po::value(&c.min_ranks)->default_value(c.min_ranks), "reserved")(
       "max-ranks", po::value(&c.max_ranks)->default_value(c.max_ranks), "reserved")(
       "lr-scaling", po::value(&c.lr_scaling)->default_value(c.lr_scaling),
-      "none (linear | sqrt are reserved)")("checkpoint-dir", po::value(&c.checkpoint_dir)->value_name("DIR"),
-                                           "reserved")(
-      "checkpoint-every", po::value(&c.checkpoint_every)->default_value(c.checkpoint_every), "reserved")(
-      "resume", po::value(&c.resume)->default_value(c.resume), "auto | never (a PATH is reserved)");
+      "none (linear | sqrt are reserved)");
   po::options_description all(
       "sinew-train: elastic data-parallel training over MPI\n\n"
       "usage: mpirun -n N sinew-train [options]\n");
-  all.add(general).add(data).add(opt).add(comm).add(el);
+  all.add(general).add(data).add(opt).add(comm).add(ck).add(el);
   return all;
 }
 
@@ -135,13 +144,42 @@ void validate(const Config& c) {
   reserved(c.lr_scaling != "none", "--lr-scaling", "hyper-parameter rescaling on resize");
   reserved(c.min_ranks != 1, "--min-ranks", "elastic resizing");
   reserved(c.max_ranks != 0, "--max-ranks", "elastic resizing");
-  reserved(!c.checkpoint_dir.empty(), "--checkpoint-dir", "checkpointing");
-  reserved(c.checkpoint_every != 0, "--checkpoint-every", "checkpointing");
-  if (c.resume != "auto" && c.resume != "never")
-    reserved(true, "--resume PATH", "resuming from a checkpoint");
+  if (c.checkpoint_every < 0) {
+    SINEW_THROW(InvalidArgument, "--checkpoint-every must be >= 0, got {}", c.checkpoint_every);
+  }
+  if (c.checkpoint_keep < 0)
+    SINEW_THROW(InvalidArgument, "--checkpoint-keep must be >= 0, got {}", c.checkpoint_keep);
+  if (c.checkpoint_every > 0 && c.checkpoint_dir.empty()) {
+    SINEW_THROW(InvalidArgument, "--checkpoint-every needs --checkpoint-dir");
+  }
+  if (c.resume.empty())
+    SINEW_THROW(InvalidArgument, "--resume: empty value; use auto, never or a checkpoint path");
   one_of(c.device, {"cpu", "cuda"}, "--device");
   reserved(c.device != "cpu", "--device cuda", "GPU training");
   log::parse_level(c.log_level);
+}
+
+nlohmann::json to_json(const Config& c) {
+  return {{"model", c.model},
+          {"dataset", c.dataset},
+          {"data_dir", c.data_dir},
+          {"limit_train", c.limit_train},
+          {"limit_test", c.limit_test},
+          {"epochs", c.epochs},
+          {"max_steps", c.max_steps},
+          {"batch_size", c.batch_size},
+          {"optimizer", c.optimizer},
+          {"lr", c.lr},
+          {"momentum", c.momentum},
+          {"weight_decay", c.weight_decay},
+          {"nesterov", c.nesterov},
+          {"lr_schedule", c.lr_schedule},
+          {"warmup_steps", c.warmup_steps},
+          {"lr_step_size", c.lr_step_size},
+          {"lr_gamma", c.lr_gamma},
+          {"algorithm", c.algorithm},
+          {"bucket_mb", c.bucket_mb},
+          {"seed", c.seed}};
 }
 
 ParseResult parse_command_line(int argc, const char* const* argv) {

@@ -3,8 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 
+#include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
@@ -23,6 +26,30 @@ namespace sinew::train {
 using model::Matrix;
 
 namespace {
+/// Set by SIGUSR1/SIGTERM: checkpoint at the next step boundary, then stop (exit code 75).
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+/// Installs the stop handlers while a checkpointing trainer lives; restores the previous ones after.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    old_usr1_ = std::signal(SIGUSR1, on_stop_signal);
+    old_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    std::signal(SIGUSR1, old_usr1_);
+    std::signal(SIGTERM, old_term_);
+  }
+
+ private:
+  void (*old_usr1_)(int) = SIG_DFL;
+  void (*old_term_)(int) = SIG_DFL;
+};
+
 data::DatasetOptions dataset_options(const Config& c) {
   data::DatasetOptions o;
   o.name = c.dataset;
@@ -47,6 +74,10 @@ struct Trainer::Impl {
   comm::Options op;
   std::int64_t steps_per_epoch = 0;
   std::int64_t total_steps = 0;
+  std::int64_t start_step = 0;  // > 0 after a resume
+  bool resumed = false;
+  std::unique_ptr<checkpoint::Writer> writer;
+  std::unique_ptr<StopSignals> signals;
 
   Impl(Config c, const mpi::Communicator& world)
       : cfg(std::move(c)),
@@ -62,7 +93,18 @@ struct Trainer::Impl {
     optimizer = optim::make_optimizer({cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.nesterov},
                                       net.num_params());
     steps_per_epoch = static_cast<std::int64_t>(sampler.steps_left(backend->size(), cfg.batch_size));
-    total_steps = steps_per_epoch * cfg.epochs;
+    if (!cfg.checkpoint_dir.empty()) {
+      checkpoint::WriterOptions wo;
+      wo.keep = cfg.checkpoint_keep;
+      wo.op = op;
+      writer = std::make_unique<checkpoint::Writer>(cfg.checkpoint_dir, *backend, wo);
+      signals = std::make_unique<StopSignals>();
+    }
+    resume();
+    // Steps still to run: the rest of this epoch, then whole epochs, at this world size.
+    const std::int64_t rest = static_cast<std::int64_t>(sampler.steps_left(backend->size(), cfg.batch_size)) +
+                              steps_per_epoch * std::max<std::int64_t>(0, cfg.epochs - 1 - sampler.epoch());
+    total_steps = start_step + rest;
     if (cfg.max_steps > 0) total_steps = std::min(total_steps, cfg.max_steps);
     optim::LrScheduleOptions so;
     so.base_lr = cfg.lr;
@@ -79,6 +121,150 @@ struct Trainer::Impl {
     bo.overlap = cfg.overlap;
     bo.op = op;
     bucketer = std::make_unique<comm::GradientBucketer>(*backend, net.grads(), ranges, bo);
+  }
+
+  /// The whole training state; the same on every rank (parameters and optimiser state are replicated).
+  checkpoint::TrainingState snapshot(std::int64_t step) const {
+    checkpoint::TrainingState st;
+    st.tensors["params"].assign(net.params().begin(), net.params().end());
+    for (const auto& [name, buf] : optimizer->state())
+      st.tensors["optim/" + name].assign(buf.begin(), buf.end());
+    st.step = step;
+    st.epoch = sampler.epoch();
+    st.cursor = sampler.cursor();
+    st.dataset_size = data.train.size();
+    st.seed = cfg.seed;
+    st.optimizer_steps = optimizer->steps();
+    st.world_size = backend->size();
+    st.config_json = to_json(cfg).dump();
+    return st;
+  }
+
+  /// Collective. Throws CheckpointError (same on every rank) if it could not be written.
+  void save(std::int64_t step, const char* why) {
+    const auto r = writer->save(snapshot(step));
+    if (r.skipped) return;
+    metrics.write({{"event", "checkpoint"},
+                   {"step", step},
+                   {"path", r.path},
+                   {"reason", why},
+                   {"bytes", r.bytes},
+                   {"write_ms", r.write_ms},
+                   {"commit_ms", r.commit_ms},
+                   {"world_size", backend->size()}});
+    if (backend->rank() == 0) {
+      spdlog::info("checkpoint of step {} committed: {} ({:.1f} MB, write {:.0f} ms, commit {:.0f} ms)", step,
+                   r.path, static_cast<double>(r.bytes) / 1e6, r.write_ms, r.commit_ms);
+    }
+  }
+
+  /// A failed checkpoint (e.g. a full disk) is reported and training goes on: the previous checkpoints
+  /// stay valid. The run then ends with exit code 4 (see Summary::checkpoint_error).
+  void checkpoint_or_report(std::int64_t step, const char* why, Summary& sum) {
+    try {
+      save(step, why);
+    } catch (const CheckpointError& e) {
+      sum.checkpoint_error = e.message();
+      metrics.write({{"event", "checkpoint"}, {"step", step}, {"reason", why}, {"error", e.message()}});
+      if (backend->rank() == 0)
+        spdlog::error("checkpoint of step {} failed, training goes on: {}", step, e.message());
+    }
+  }
+
+  /// --resume auto|PATH: rank 0 picks the checkpoint (verifying it), every rank loads it and applies it.
+  void resume() {
+    if (cfg.resume == "never" || (cfg.resume == "auto" && cfg.checkpoint_dir.empty())) return;
+    std::string path;
+    nlohmann::json skipped = nlohmann::json::array();
+    if (cfg.resume == "auto") {
+      if (backend->rank() == 0) {
+        auto latest = checkpoint::find_latest(cfg.checkpoint_dir);
+        for (const auto& e : latest.skipped) {
+          spdlog::warn("resume: skipping {}: {}", e.path, e.reason);
+          skipped.push_back({{"path", e.path}, {"reason", e.reason}});
+        }
+        if (latest.found) path = latest.found->path;
+      }
+      std::vector<std::uint8_t> buf(4096, 0);  // the chosen path, NUL-terminated
+      std::copy_n(path.begin(), std::min(path.size(), buf.size() - 1), buf.begin());
+      backend->broadcast_sync(comm::Buffer::of(std::span<std::uint8_t>(buf)), 0, op);
+      path.assign(reinterpret_cast<const char*>(buf.data()));
+      if (path.empty()) {
+        if (backend->rank() == 0)
+          spdlog::info("resume: no valid checkpoint in {}, starting fresh", cfg.checkpoint_dir);
+        return;
+      }
+    } else {
+      path = cfg.resume;
+    }
+    // Every rank loads (and verifies) the whole state; a failure anywhere fails everywhere.
+    std::int64_t ok = 1;
+    std::string why;
+    checkpoint::TrainingState st;
+    try {
+      st = checkpoint::load(path);
+      apply(st, path);
+    } catch (const CheckpointError& e) {
+      ok = 0;
+      why = e.message();
+    }
+    backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), comm::ReduceOp::kMin, op);
+    if (!ok) {
+      SINEW_THROW(CheckpointError, "--resume {}: {}", path,
+                  why.empty() ? "another rank could not load it" : why);
+    }
+    resumed = true;
+    start_step = st.step;
+    metrics.write({{"event", "resume"},
+                   {"path", path},
+                   {"step", st.step},
+                   {"epoch", st.epoch},
+                   {"cursor", st.cursor},
+                   {"from_world_size", st.world_size},
+                   {"world_size", backend->size()},
+                   {"skipped", skipped}});
+    if (backend->rank() == 0) {
+      spdlog::info("resumed from {} (step {}, epoch {}, sample {}/{}, written by {} ranks)", path, st.step,
+                   st.epoch + 1, st.cursor, st.dataset_size, st.world_size);
+    }
+  }
+
+  /// Copies a loaded state into the model, optimiser and sampler, after checking that it fits this run.
+  void apply(const checkpoint::TrainingState& st, const std::string& path) {
+    auto tensor = [&](const std::string& name, std::size_t size) -> const std::vector<float>& {
+      auto it = st.tensors.find(name);
+      if (it == st.tensors.end()) {
+        SINEW_THROW(CheckpointError, "{} has no tensor '{}': was it written with another --optimizer?", path,
+                    name);
+      }
+      if (it->second.size() != size) {
+        SINEW_THROW(CheckpointError,
+                    "{}: tensor '{}' has {} elements, this run needs {}: was it written with another "
+                    "--model or --optimizer?",
+                    path, name, it->second.size(), size);
+      }
+      return it->second;
+    };
+    if (st.dataset_size != data.train.size()) {
+      SINEW_THROW(CheckpointError,
+                  "{} was written for {} training samples, this run has {}: another --dataset or "
+                  "--limit-train?",
+                  path, st.dataset_size, data.train.size());
+    }
+    if (st.seed != cfg.seed) {
+      SINEW_THROW(CheckpointError,
+                  "{} was written with --seed {}, this run has --seed {}: the data order would "
+                  "differ",
+                  path, st.seed, cfg.seed);
+    }
+    const auto& p = tensor("params", net.num_params());
+    std::copy(p.begin(), p.end(), net.params().begin());
+    for (auto& [name, buf] : optimizer->state()) {
+      const auto& v = tensor("optim/" + name, buf.size());
+      std::copy(v.begin(), v.end(), buf.begin());
+    }
+    optimizer->set_steps(st.optimizer_steps);
+    sampler.set_position(st.epoch, st.cursor);
   }
 
   /// Test-set loss and accuracy; every rank evaluates a contiguous shard, the sums are reduced.
@@ -115,7 +301,7 @@ struct Trainer::Impl {
     auto last_progress = t0;
     Matrix x, dlogits;
     std::vector<std::int32_t> labels;
-    std::int64_t step = 0;
+    std::int64_t step = start_step;
     double window_loss = 0, window_step_ms = 0, window_comm_ms = 0, total_step_ms = 0, total_comm_ms = 0;
     std::int64_t window_steps = 0, window_samples = 0;
     if (rank == 0) {
@@ -134,9 +320,11 @@ struct Trainer::Impl {
                      {"mpi", mpi::library_version()},
                      {"ulfm", mpi::ulfm_enabled()}});
     }
-    for (int epoch = 0; epoch < cfg.epochs && step < total_steps; ++epoch) {
-      sampler.start_epoch(epoch);
-      while (!sampler.epoch_done() && step < total_steps) {
+    const int first_epoch = resumed ? static_cast<int>(sampler.epoch()) : 0;
+    bool stop = false;
+    for (int epoch = first_epoch; epoch < cfg.epochs && step < total_steps && !stop; ++epoch) {
+      if (!(resumed && epoch == first_epoch)) sampler.start_epoch(epoch);
+      while (!sampler.epoch_done() && step < total_steps && !stop) {
         const auto ts = Clock::now();
         const auto batch = sampler.peek(rank, world, cfg.batch_size);
         const auto n = static_cast<Eigen::Index>(batch.indices.size());
@@ -195,7 +383,23 @@ struct Trainer::Impl {
           window_loss = window_step_ms = window_comm_ms = 0;
           window_steps = window_samples = 0;
         }
+        if (writer) {
+          // A stop signal may reach only some ranks: agree on it at every step boundary.
+          std::int64_t sig = g_stop_signal.load();
+          backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&sig, 1)), comm::ReduceOp::kMax,
+                                  op);
+          if (sig != 0) {
+            stop = true;
+            sum.stopped_by_signal = static_cast<int>(sig);
+            if (rank == 0)
+              spdlog::warn("signal {} received: checkpointing at step {} and stopping", sig, step);
+          }
+          if (stop || (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0)) {
+            checkpoint_or_report(step, stop ? "signal" : "periodic", sum);
+          }
+        }
       }
+      if (stop) break;
       const auto [test_loss, test_acc] = evaluate();
       sum.test_accuracy = test_acc;
       sum.test_loss = test_loss;
@@ -211,6 +415,7 @@ struct Trainer::Impl {
                      test_loss);
       }
     }
+    if (writer && !stop) checkpoint_or_report(step, "end", sum);
     sum.steps = step;
     sum.wall_s = seconds_since(t0);
     sum.mean_step_ms = step > 0 ? total_step_ms / static_cast<double>(step) : 0;
@@ -227,7 +432,9 @@ struct Trainer::Impl {
                    {"wall_s", sum.wall_s},
                    {"step_ms", sum.mean_step_ms},
                    {"comm_ms", sum.mean_comm_ms},
-                   {"samples_per_s", std::round(sum.samples_per_s)}});
+                   {"samples_per_s", std::round(sum.samples_per_s)},
+                   {"stopped_by_signal", sum.stopped_by_signal},
+                   {"checkpoint_error", sum.checkpoint_error}});
     return sum;
   }
 };

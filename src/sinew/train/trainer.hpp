@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "sinew/mpi/communicator.hpp"
 #include "sinew/train/config.hpp"
@@ -26,12 +27,15 @@ struct Summary {
   double mean_step_ms = 0;
   double mean_comm_ms = 0;
   double samples_per_s = 0;
+  int stopped_by_signal = 0;     ///< SIGUSR1/SIGTERM stopped the run after a checkpoint (exit code 75)
+  std::string checkpoint_error;  ///< last checkpoint failure, if any (the run then exits with code 4)
 };
 
 class Trainer {
  public:
-  /// Loads the data and builds the model, optimiser and communication over `comm` (duplicated).
-  /// Throws InvalidArgument (bad configuration), DataError (bad data).
+  /// Loads the data and builds the model, optimiser and communication over `comm` (duplicated), then
+  /// resumes from a checkpoint if --resume asks for one. Throws InvalidArgument (bad configuration),
+  /// DataError (bad data), CheckpointError (the requested checkpoint cannot be used).
   Trainer(Config config, const mpi::Communicator& comm);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
