@@ -42,7 +42,7 @@ expect negative-lr 2 "--lr must be a positive number" -- "$train" --lr -1
 expect bad-optimizer 2 "--optimizer: unknown value 'rmsprop'" -- "$train" --optimizer rmsprop
 expect bad-dataset 2 "--dataset: unknown value 'cifar'" -- "$train" --dataset cifar
 expect bad-log-level 2 "--log-level: unknown level 'loud'" -- "$train" --log-level loud
-expect reserved-checkpoint 2 "--checkpoint-dir is reserved" -- "$train" --checkpoint-dir "$work/ck"
+expect every-needs-dir 2 "--checkpoint-every needs --checkpoint-dir" -- "$train" --checkpoint-every 5
 expect reserved-elastic 2 "--elastic is reserved" -- "$train" --elastic inplace
 expect missing-value 2 "batch-size" -- "$train" --batch-size
 expect missing-config 2 "--config: cannot open" -- "$train" --config "$work/nope.cfg"
@@ -58,6 +58,10 @@ if [ "$(grep -c 'sinew: error' <<<"$out")" -eq 1 ]; then
 else
   failed=$((failed + 1)); echo "FAIL usage-error-printed-once:"; sed 's/^/     | /' <<<"$out" | head
 fi
+
+# --- checkpoint errors: exit 4, naming the checkpoint ----------------------------------------------
+expect resume-missing 4 "$work/no-such-ckpt.*manifest is missing" -- "${mpiexec[@]}" -n 2 "$train" --dataset synthetic \
+  --model mlp:8 --max-steps 2 --resume "$work/no-such-ckpt"
 
 # --- data errors: exit 3, naming the file ---------------------------------------------------------
 run=("${mpiexec[@]}" -n 2 "$train" --dataset fashion-mnist --epochs 1 --max-steps 2 --progress false)

@@ -90,8 +90,11 @@ class Model {
   int num_classes_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<ParamRange> ranges_;  // per layer
-  std::vector<float> params_;
-  std::vector<float> grads_;
+  // Aligned to Eigen's packet size, so that every run sees the same alignment of every layer's slice:
+  // Eigen's vectorised reductions peel unaligned heads, and a base address that varied between runs
+  // (plain malloc) made two identical runs differ in the last bits, which broke exact resume.
+  std::vector<float, Eigen::aligned_allocator<float>> params_;
+  std::vector<float, Eigen::aligned_allocator<float>> grads_;
   // acts_[0] is a copy of the input, acts_[i + 1] the output of layer i. Kept between forward() and
   // backward(); resized only when the batch size changes.
   std::vector<Matrix> acts_;
