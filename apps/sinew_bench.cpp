@@ -2,6 +2,8 @@
 //
 //   sinew-bench allreduce   size sweep in the nccl-tests format, Sinew's bucketed path vs MPI_Allreduce
 //   sinew-bench train-step  mean training-step time of a model (default: MLP 784-512-512-10, batch 64/rank)
+//   sinew-bench checkpoint  checkpoint write throughput vs dd with fdatasync on the same filesystem, restore
+//   time
 //
 // busbw for allreduce = algbw * 2(n-1)/n (nccl-tests' convention), so figures are comparable across rank
 // counts. #wrong counts elements that differ from the exact expected sum (inputs are small integers, so
@@ -11,10 +13,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "common.hpp"
+#include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
@@ -237,6 +242,106 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
   return 0;
 }
 
+/// Wall time of `dd` writing `bytes` with fdatasync into `dir`: the peer of the checkpoint write.
+double dd_seconds(const std::string& dir, std::uint64_t bytes) {
+  const std::string file = dir + "/dd-peer.bin";
+  const std::string cmd = fmt::format("dd if=/dev/zero of='{}' bs=1M count={} conv=fdatasync status=none",
+                                      file, std::max<std::uint64_t>(bytes >> 20, 1));
+  const auto t0 = Clock::now();
+  const int rc = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe): single-threaded here
+  const double s = seconds_since(t0);
+  std::filesystem::remove(file);
+  if (rc != 0) SINEW_THROW(Error, "sinew-bench checkpoint: '{}' failed", cmd);
+  return s;
+}
+
+int bench_checkpoint(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  double mb = 256;
+  int rounds = 3;
+  std::string dir, json;
+  po::options_description d("sinew-bench checkpoint");
+  d.add_options()("dir", po::value(&dir), "directory on the filesystem to measure (required)")(
+      "mb", po::value(&mb)->default_value(mb), "checkpoint size in MiB (params + momentum, like SGD)")(
+      "rounds", po::value(&rounds)->default_value(rounds), "alternating rounds of Sinew and dd")(
+      "json", po::value(&json), "also write the result as JSON to this file");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    SINEW_THROW(InvalidArgument, "{}; see sinew-bench checkpoint --help", e.what());
+  }
+  if (dir.empty() || !(mb > 0) || rounds < 1) {
+    SINEW_THROW(InvalidArgument, "sinew-bench checkpoint: need --dir, --mb > 0 and --rounds >= 1");
+  }
+  comm::mpi::MpiBackend backend(world);
+  checkpoint::WriterOptions wo;
+  wo.keep = 1;
+  checkpoint::Writer writer(dir + "/sinew-bench-ckpt", backend, wo);
+  checkpoint::TrainingState st;
+  const auto n = static_cast<std::size_t>(mb * (1 << 20) / sizeof(float) / 2);
+  for (const char* name : {"params", "optim/momentum"}) {
+    auto& v = st.tensors[name];
+    v.resize(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 1000) * 0.001f;
+  }
+  st.world_size = world.size();
+  std::vector<double> sinew_gbs, dd_gbs, restore_s;
+  std::uint64_t bytes = 0;
+  for (int r = 0; r < rounds; ++r) {
+    st.step = r + 1;
+    SINEW_MPI(MPI_Barrier(world.get()));
+    const auto t0 = Clock::now();
+    const auto res = writer.save(st);
+    const double s = seconds_since(t0);
+    bytes = res.bytes;
+    sinew_gbs.push_back(static_cast<double>(bytes) / s / 1e9);
+    SINEW_MPI(MPI_Barrier(world.get()));
+    const auto t1 = Clock::now();
+    const auto loaded = checkpoint::load(res.path);
+    double rs = seconds_since(t1);
+    SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, &rs, 1, MPI_DOUBLE, MPI_MAX, world.get()));
+    restore_s.push_back(rs);
+    if (loaded.tensors != st.tensors) SINEW_THROW(Error, "sinew-bench checkpoint: restored state differs");
+    double dd = 0;
+    if (world.rank() == 0) dd = static_cast<double>(bytes) / dd_seconds(dir, bytes) / 1e9;
+    SINEW_MPI(MPI_Bcast(&dd, 1, MPI_DOUBLE, 0, world.get()));
+    dd_gbs.push_back(dd);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double sg = median(sinew_gbs), dg = median(dd_gbs), rs = median(restore_s);
+  if (world.rank() == 0) {
+    std::printf("# sinew-bench checkpoint: %d ranks, %.1f MiB per checkpoint, %d rounds, dir %s\n",
+                world.size(), static_cast<double>(bytes) / (1 << 20), rounds, dir.c_str());
+    std::printf("%-6s %12s %12s %12s %14s\n", "round", "sinew_GB/s", "dd_GB/s", "ratio", "restore_s");
+    for (int r = 0; r < rounds; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      std::printf("%-6d %12.3f %12.3f %12.2f %14.3f\n", r + 1, sinew_gbs[i], dd_gbs[i],
+                  sinew_gbs[i] / dd_gbs[i], restore_s[i]);
+    }
+    std::printf("# median: sinew %.3f GB/s, dd (fdatasync) %.3f GB/s, ratio %.2f; restore %.3f s\n", sg, dg,
+                sg / dg, rs);
+    if (!json.empty()) {
+      std::ofstream(json) << nlohmann::json{{"ranks", world.size()},
+                                            {"bytes", bytes},
+                                            {"sinew_gbs", sg},
+                                            {"dd_gbs", dg},
+                                            {"ratio", sg / dg},
+                                            {"restore_s", rs},
+                                            {"rounds_sinew_gbs", sinew_gbs},
+                                            {"rounds_dd_gbs", dd_gbs}}
+                                 .dump()
+                          << "\n";
+    }
+  }
+  std::error_code ec;
+  if (world.rank() == 0) std::filesystem::remove_all(dir + "/sinew-bench-ckpt", ec);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -245,19 +350,22 @@ int main(int argc, char** argv) {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") {
       if (apps::launcher_rank() == 0) {
         std::puts(
-            "usage: mpirun -n N sinew-bench allreduce|train-step [options]   (--help after the name lists "
+            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint [options]   (--help after the "
+            "name lists "
             "them)");
       }
       return args.empty() ? 2 : 0;
     }
     const std::string what = args[0];
     args.erase(args.begin());
-    if (what != "allreduce" && what != "train-step") {
-      SINEW_THROW(InvalidArgument, "sinew-bench: unknown benchmark '{}'; use allreduce or train-step", what);
+    if (what != "allreduce" && what != "train-step" && what != "checkpoint") {
+      SINEW_THROW(InvalidArgument,
+                  "sinew-bench: unknown benchmark '{}'; use allreduce, train-step or checkpoint", what);
     }
     mpi::Environment env(&argc, &argv);
     log::init(env.world_rank(), env.world_size(), spdlog::level::warn);
     const auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
+    if (what == "checkpoint") return bench_checkpoint(args, world);
     return what == "allreduce" ? bench_allreduce(args, world) : bench_train_step(args, world);
   });
 }

@@ -63,6 +63,12 @@ class Writer {
   /// write; the previous checkpoints stay valid. Throws CommFailure/Timeout if a peer died.
   SaveResult save(const TrainingState& state);
 
+  /// Fault injection for tests: the next save() kills `rank` (SIGKILL) at `phase`.
+  void arm_fault(WritePhase phase, int rank) noexcept {
+    opts_.crash_at = phase;
+    opts_.crash_rank = rank;
+  }
+
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:

@@ -7,13 +7,13 @@
 namespace sinew::log {
 
 spdlog::level::level_enum parse_level(std::string_view name) {
-  for (auto level : {spdlog::level::trace, spdlog::level::debug, spdlog::level::info, spdlog::level::warn,
-                     spdlog::level::err, spdlog::level::off}) {
-    auto sv = spdlog::level::to_string_view(level);
-    if (name == std::string_view(sv.data(), sv.size())) return level;
+  static constexpr std::pair<std::string_view, spdlog::level::level_enum> kLevels[] = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
+      {"off", spdlog::level::off}};
+  for (const auto& [n, level] : kLevels) {
+    if (name == n) return level;
   }
-  if (name == "warning") return spdlog::level::warn;
-  if (name == "error") return spdlog::level::err;
   SINEW_THROW(InvalidArgument, "--log-level: unknown level '{}'; use trace, debug, info, warn, error or off",
               name);
 }

@@ -42,6 +42,8 @@ struct Config {
   std::int64_t checkpoint_every = 0;
   int checkpoint_keep = 3;
   std::string resume = "auto";  ///< auto | never | PATH
+  /// Test seam: "RANK:PHASE:STEP" kills RANK at PHASE (checkpoint::parse_phase) of the checkpoint of STEP.
+  std::string inject_checkpoint_fault;
   // elasticity (reserved options are validated, see options.cpp)
   std::string elastic = "off";  ///< off | inplace | restart
   int min_ranks = 1;

@@ -72,7 +72,10 @@ po::options_description describe(Config& c, std::string& config_file) {
       "checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep)->value_name("K"),
       "keep the newest K checkpoints (0: all)")(
       "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
-      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory");
+      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory")(
+      "inject-checkpoint-fault", po::value(&c.inject_checkpoint_fault)->value_name("RANK:PHASE:STEP"),
+      "testing: kill RANK at PHASE (before-shard-data, after-shard-data, before-fsync, before-manifest, "
+      "before-rename) of the checkpoint of STEP");
   po::options_description el("Elasticity (reserved for the next release)");
   el.add_options()("elastic", po::value(&c.elastic)->default_value(c.elastic),
                    "off (inplace | restart are reserved)")(

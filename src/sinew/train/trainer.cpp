@@ -78,6 +78,11 @@ struct Trainer::Impl {
   bool resumed = false;
   std::unique_ptr<checkpoint::Writer> writer;
   std::unique_ptr<StopSignals> signals;
+  struct Fault {
+    int rank = -1;
+    checkpoint::WritePhase phase = checkpoint::WritePhase::kNone;
+    std::int64_t step = -1;
+  } fault;
 
   Impl(Config c, const mpi::Communicator& world)
       : cfg(std::move(c)),
@@ -98,6 +103,7 @@ struct Trainer::Impl {
       wo.keep = cfg.checkpoint_keep;
       wo.op = op;
       writer = std::make_unique<checkpoint::Writer>(cfg.checkpoint_dir, *backend, wo);
+      if (!cfg.inject_checkpoint_fault.empty()) fault = parse_fault(cfg.inject_checkpoint_fault);
       signals = std::make_unique<StopSignals>();
     }
     resume();
@@ -140,8 +146,23 @@ struct Trainer::Impl {
     return st;
   }
 
+  static Fault parse_fault(const std::string& spec) {
+    Fault f;
+    const auto a = spec.find(':'), b = spec.rfind(':');
+    try {
+      if (a == std::string::npos || a == b) throw std::invalid_argument(spec);
+      f.rank = std::stoi(spec.substr(0, a));
+      f.phase = checkpoint::parse_phase(spec.substr(a + 1, b - a - 1));
+      f.step = std::stoll(spec.substr(b + 1));
+    } catch (const std::logic_error&) {
+      SINEW_THROW(InvalidArgument, "--inject-checkpoint-fault: '{}' is not RANK:PHASE:STEP", spec);
+    }
+    return f;
+  }
+
   /// Collective. Throws CheckpointError (same on every rank) if it could not be written.
   void save(std::int64_t step, const char* why) {
+    if (step == fault.step) writer->arm_fault(fault.phase, fault.rank);
     const auto r = writer->save(snapshot(step));
     if (r.skipped) return;
     metrics.write({{"event", "checkpoint"},

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Checkpoints that survive failures, as scenarios with real processes:
+#  - a rank SIGKILLed at each named phase of the checkpoint writer: the job fails, the previous
+#    checkpoint stays valid, nothing of the interrupted one counts as committed, and a new job
+#    (at another world size) resumes from the previous one;
+#  - a full disk (a small tmpfs, root only): a clear error, training goes on, the previous checkpoint
+#    stays intact, exit code 4.
+# Usage: checkpoint_faults.sh SINEW_TRAIN SINEW_CKPT MPIEXEC [MPIEXEC_FLAGS...]
+set -u
+train=$1
+ckpt=$2
+shift 2
+mpiexec=("$@")
+work=$(mktemp -d)
+cleanup() {
+  mountpoint -q "$work/full" 2>/dev/null && umount "$work/full"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     | /' <<<"$2" | tail -n 15; }
+
+common=(--dataset synthetic --epochs 1 --batch-size 16 --checkpoint-every 5 --progress false --timeout-ms 10000)
+
+for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manifest 0:before-rename; do
+  rank=${spec%%:*}
+  phase=${spec#*:}
+  d="$work/$phase"
+  out=$(timeout 120 "${mpiexec[@]}" -n 3 "$train" "${common[@]}" --model mlp:32 --max-steps 20 --checkpoint-dir "$d" \
+        --inject-checkpoint-fault "$rank:$phase:10" --log-level warn 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$phase: job should fail when rank $rank dies (exit $rc)" "$out"; continue; fi
+  if ! grep -q "killed at checkpoint phase $phase" <<<"$out"; then bad "$phase: the fault did not fire" "$out"; continue; fi
+  v=$("$ckpt" verify "$d/ckpt-0000000005" 2>&1) || { bad "$phase: previous checkpoint no longer valid" "$v"; continue; }
+  if [ -e "$d/ckpt-0000000010/manifest.h5" ]; then bad "$phase: interrupted checkpoint looks committed"; continue; fi
+  listed=$("$ckpt" list "$d" 2>&1)
+  if grep -q "ckpt-0000000010 " <<<"$listed" && ! grep -q "partial" <<<"$listed"; then
+    bad "$phase: list shows the interrupted checkpoint as committed" "$listed"; continue
+  fi
+  out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --model mlp:32 --max-steps 20 --checkpoint-dir "$d" 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ] || ! grep -q "resumed from $d/ckpt-0000000005" <<<"$out"; then
+    bad "$phase: resume from the previous checkpoint (exit $rc)" "$out"; continue
+  fi
+  ok "rank $rank killed at $phase: previous checkpoint valid, resumed at 2 ranks"
+done
+
+# Full disk: the first checkpoint fits, the second does not.
+if [ "$(id -u)" -eq 0 ] && mkdir -p "$work/full" && mount -t tmpfs -o size=3600k tmpfs "$work/full" 2>/dev/null; then
+  out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --model mlp:512,512 --max-steps 12 --checkpoint-dir "$work/full" \
+        --metrics "$work/full-metrics.jsonl" 2>&1)
+  rc=$?
+  if [ $rc -eq 4 ] && grep -q "checkpoint of step 10 failed, training goes on" <<<"$out" &&
+     grep -q '"event":"done"' "$work/full-metrics.jsonl" && "$ckpt" verify "$work/full/ckpt-0000000005" >/dev/null 2>&1 &&
+     [ ! -e "$work/full/ckpt-0000000010.partial" ]; then
+    ok "full disk: clear error, training went on to the end, previous checkpoint intact, exit 4"
+  else
+    bad "full disk (exit $rc)" "$out$(ls -la "$work/full" 2>&1)"
+  fi
+else
+  echo "skip full-disk case: needs root to mount a small tmpfs"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
