@@ -60,7 +60,7 @@ else
 fi
 
 # --- checkpoint errors: exit 4, naming the checkpoint ----------------------------------------------
-expect resume-missing 4 "$work/no-such-ckpt.*manifest is missing" -- "${mpiexec[@]}" -n 2 "$train" --dataset synthetic \
+expect resume-missing 4 "cannot resume: $work/no-such-ckpt: no such checkpoint" -- "${mpiexec[@]}" -n 2 "$train" --dataset synthetic \
   --model mlp:8 --max-steps 2 --resume "$work/no-such-ckpt"
 
 # --- data errors: exit 3, naming the file ---------------------------------------------------------

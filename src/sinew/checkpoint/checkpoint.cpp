@@ -255,9 +255,11 @@ SaveResult Writer::save(const TrainingState& state) {
   std::string why;
   if (rank == 0) {
     try {
-      if (fs::exists(fs::path(final_dir) / kManifest)) {
-        prep = 1;
+      if (fs::exists(final_dir) && verify(final_dir).empty()) {
+        prep = 1;  // this step is already committed and intact
       } else {
+        // A damaged checkpoint of this step (resume fell back past it) is replaced, never kept.
+        fs::remove_all(final_dir);
         fs::remove_all(partial);
         fs::create_directories(partial);
       }
@@ -316,8 +318,7 @@ SaveResult Writer::save(const TrainingState& state) {
   if (rank == 0) {
     try {
       crash_point(opts_, WritePhase::kBeforeManifest, rank);
-      TrainingState meta = state;
-      write_manifest((fs::path(partial) / kManifest).string(), meta, names, crcs);
+      write_manifest((fs::path(partial) / kManifest).string(), state, names, crcs);
       fsync_path(partial, true);
       crash_point(opts_, WritePhase::kBeforeRename, rank);
       fs::rename(partial, final_dir);
@@ -353,6 +354,7 @@ SaveResult Writer::save(const TrainingState& state) {
 }
 
 ManifestInfo read_manifest(const std::string& path) {
+  if (!fs::exists(path)) SINEW_THROW(CheckpointError, "{}: no such checkpoint", path);
   fs::path dir = path;
   if (!fs::is_directory(dir)) dir = dir.parent_path();
   const std::string file = (dir / kManifest).string();
@@ -439,6 +441,8 @@ std::string verify(const std::string& path) {
     return {};
   } catch (const CheckpointError& e) {
     return e.message();
+  } catch (const std::exception& e) {  // filesystem errors, allocation failures: still "not valid"
+    return fmt::format("{}: {}", path, e.what());
   }
 }
 

@@ -65,7 +65,11 @@ void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 Handle create_file(const std::string& path) {
   quiet();
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  // The 1.10 file format checksums HDF5's own metadata (our attributes included); readers need 1.10
+  // anyway for the virtual datasets.
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110);
+  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (f.get() < 0) fail(path, "cannot create HDF5 file (directory missing, no permission or disk full?)");
   return f;
 }
@@ -146,6 +150,7 @@ void write_attr(hid_t obj, const std::string& name, const std::string& v, const 
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.get(), std::max<std::size_t>(v.size(), 1));
   H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);  // the whole size is text, no terminator
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   Handle attr(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   const std::string padded = v.empty() ? std::string(1, '\0') : v;

@@ -231,8 +231,8 @@ struct Trainer::Impl {
     }
     backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), comm::ReduceOp::kMin, op);
     if (!ok) {
-      SINEW_THROW(CheckpointError, "--resume {}: {}", path,
-                  why.empty() ? "another rank could not load it" : why);
+      SINEW_THROW(CheckpointError, "cannot resume: {}",
+                  why.empty() ? fmt::format("{}: another rank could not load it", path) : why);
     }
     resumed = true;
     start_step = st.step;
