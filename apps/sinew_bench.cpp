@@ -207,7 +207,10 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
       "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd | adam")(
       "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "bucket size")(
       "overlap", po::value(&c.overlap)->default_value(c.overlap), "overlap communication")(
-      "json", po::value(&json), "also write the result as JSON to this file");
+      "checkpoint-dir", po::value(&c.checkpoint_dir), "also checkpoint into this directory")(
+      "checkpoint-every", po::value(&c.checkpoint_every)->default_value(c.checkpoint_every), "steps")(
+      "checkpoint-async", po::value(&c.checkpoint_async)->default_value(c.checkpoint_async),
+      "in the background")("json", po::value(&json), "also write the result as JSON to this file");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(d).run(), vm);
@@ -215,10 +218,14 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
   } catch (const po::error& e) {
     SINEW_THROW(InvalidArgument, "{}; see sinew-bench train-step --help", e.what());
   }
+  c.resume = "never";
+  c.checkpoint_keep = 2;
   train::validate(c);
   // Warm-up run (page faults, first-touch, MPI connections), then the timed run of the same configuration.
   train::Config warm = c;
   warm.max_steps = warmup_steps;
+  warm.checkpoint_dir.clear();
+  warm.checkpoint_every = 0;
   train::Trainer(warm, world).run();
   const auto s = train::Trainer(c, world).run();
   if (world.rank() == 0) {
@@ -227,6 +234,13 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
     std::printf("%-8s %6s %6s %12s %12s %14s\n", "impl", "ranks", "batch", "step_ms", "comm_ms", "samples/s");
     std::printf("%-8s %6d %6zu %12.3f %12.3f %14.0f\n", "sinew", world.size(), c.batch_size, s.mean_step_ms,
                 s.mean_comm_ms, s.samples_per_s);
+    if (!c.checkpoint_dir.empty()) {
+      const double ckpt = s.checkpoint_ms / static_cast<double>(s.steps);
+      std::printf(
+          "# checkpoint every %lld steps (%s): %.3f ms per step on the training thread, %.2f%% of the step\n",
+          static_cast<long long>(c.checkpoint_every), c.checkpoint_async ? "async" : "sync", ckpt,
+          100.0 * ckpt / s.mean_step_ms);
+    }
     if (!json.empty()) {
       std::ofstream(json) << nlohmann::json{{"impl", "sinew"},
                                             {"model", c.model},
@@ -234,7 +248,12 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
                                             {"batch", c.batch_size},
                                             {"step_ms", s.mean_step_ms},
                                             {"comm_ms", s.mean_comm_ms},
-                                            {"samples_per_s", s.samples_per_s}}
+                                            {"samples_per_s", s.samples_per_s},
+                                            {"checkpoint_ms_per_step",
+                                             s.checkpoint_ms / static_cast<double>(s.steps)},
+                                            {"checkpoint", c.checkpoint_dir.empty()
+                                                               ? "none"
+                                                               : (c.checkpoint_async ? "async" : "sync")}}
                                  .dump()
                           << "\n";
     }

@@ -22,13 +22,13 @@ failed=0
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     | /' <<<"$2" | tail -n 15; }
 
-common=(--dataset synthetic --epochs 1 --batch-size 16 --checkpoint-every 5 --progress false --timeout-ms 10000)
+common=(--dataset synthetic --batch-size 16 --checkpoint-every 5 --progress false --timeout-ms 10000)
 
 for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manifest 0:before-rename; do
   rank=${spec%%:*}
   phase=${spec#*:}
   d="$work/$phase"
-  out=$(timeout 120 "${mpiexec[@]}" -n 3 "$train" "${common[@]}" --model mlp:32 --max-steps 20 --checkpoint-dir "$d" \
+  out=$(timeout 120 "${mpiexec[@]}" -n 3 "$train" "${common[@]}" --epochs 1 --model mlp:32 --max-steps 20 --checkpoint-dir "$d" \
         --inject-checkpoint-fault "$rank:$phase:10" --log-level warn 2>&1)
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$phase: job should fail when rank $rank dies (exit $rc)" "$out"; continue; fi
@@ -39,7 +39,7 @@ for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manif
   if grep -q "ckpt-0000000010 " <<<"$listed" && ! grep -q "partial" <<<"$listed"; then
     bad "$phase: list shows the interrupted checkpoint as committed" "$listed"; continue
   fi
-  out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --model mlp:32 --max-steps 20 --checkpoint-dir "$d" 2>&1)
+  out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --epochs 1 --model mlp:32 --max-steps 20 --checkpoint-dir "$d" 2>&1)
   rc=$?
   if [ $rc -ne 0 ] || ! grep -q "resumed from $d/ckpt-0000000005" <<<"$out"; then
     bad "$phase: resume from the previous checkpoint (exit $rc)" "$out"; continue
@@ -47,12 +47,32 @@ for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manif
   ok "rank $rank killed at $phase: previous checkpoint valid, resumed at 2 ranks"
 done
 
+# SIGUSR1 to one rank: the group agrees to stop, checkpoints at the next step boundary, exits 75.
+d="$work/signal"
+timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --model mlp:32 --epochs 1000 --checkpoint-dir "$d" \
+  --checkpoint-async true --metrics "$work/signal.jsonl" >"$work/signal.log" 2>&1 &
+job=$!
+for _ in $(seq 1 200); do [ -d "$d/ckpt-0000000010" ] && break; sleep 0.1; done
+pid=$(pgrep -f -- "--checkpoint-dir $d" | while read -r p; do
+        [ "$(cat /proc/"$p"/comm 2>/dev/null)" = sinew-train ] && echo "$p"; done | tail -n 1)
+if [ -n "$pid" ]; then kill -USR1 "$pid"; fi
+wait $job
+rc=$?
+last=$("$ckpt" list "$d" 2>/dev/null | grep -o 'ckpt-[0-9]*' | head -n 1)
+if [ -n "$pid" ] && [ $rc -eq 75 ] && grep -q '"stopped_by_signal":10' "$work/signal.jsonl" &&
+   [ -n "$last" ] && "$ckpt" verify "$d/$last" >/dev/null 2>&1 &&
+   grep -q "\"reason\":\"signal\"" "$work/signal.jsonl"; then
+  ok "SIGUSR1 to one rank: checkpoint at the next step ($last), exit 75"
+else
+  bad "SIGUSR1 (pid '$pid', exit $rc, last '$last')" "$(cat "$work/signal.log")"
+fi
+
 # Full disk: the first checkpoint fits, the second does not.
 if [ "$(id -u)" -eq 0 ] && mkdir -p "$work/full" && mount -t tmpfs -o size=3600k tmpfs "$work/full" 2>/dev/null; then
-  out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --model mlp:512,512 --max-steps 12 --checkpoint-dir "$work/full" \
+  out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --epochs 1 --model mlp:512,512 --max-steps 12 --checkpoint-dir "$work/full" \
         --metrics "$work/full-metrics.jsonl" 2>&1)
   rc=$?
-  if [ $rc -eq 4 ] && grep -q "checkpoint of step 10 failed, training goes on" <<<"$out" &&
+  if [ $rc -eq 4 ] && grep -q "checkpoint failed at step 10, training goes on" <<<"$out" &&
      grep -q '"event":"done"' "$work/full-metrics.jsonl" && "$ckpt" verify "$work/full/ckpt-0000000005" >/dev/null 2>&1 &&
      [ ! -e "$work/full/ckpt-0000000010.partial" ]; then
     ok "full disk: clear error, training went on to the end, previous checkpoint intact, exit 4"

@@ -179,3 +179,26 @@ TEST(Resume, MismatchedModelIsACheckpointError) {
   train::Trainer fresh(c, world);  // ignores the existing checkpoints
   EXPECT_EQ(fresh.run().steps, 2);
 }
+
+TEST(Resume, AsyncCheckpointsEqualSynchronousOnes) {
+  auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
+  SharedTempDir a(MPI_COMM_WORLD), b(MPI_COMM_WORLD);
+  train::Config c = config(a.path());
+  c.max_steps = 14;
+  c.checkpoint_every = 3;
+  c.checkpoint_keep = 0;
+  const auto s_sync = train::Trainer(c, world).run();
+  c.checkpoint_dir = b.path();
+  c.checkpoint_async = true;
+  const auto s_async = train::Trainer(c, world).run();
+  EXPECT_TRUE(s_sync.checkpoint_error.empty());
+  EXPECT_TRUE(s_async.checkpoint_error.empty());
+  const auto ea = checkpoint::scan(a.path(), true), eb = checkpoint::scan(b.path(), true);
+  ASSERT_EQ(ea.size(), eb.size());
+  ASSERT_EQ(ea.size(), 5u);  // steps 3, 6, 9, 12 and the end (14)
+  for (std::size_t i = 0; i < ea.size(); ++i) {
+    EXPECT_TRUE(eb[i].valid) << eb[i].reason;
+    EXPECT_EQ(ea[i].step, eb[i].step);
+    EXPECT_EQ(checkpoint::load(ea[i].path).tensors, checkpoint::load(eb[i].path).tensors) << ea[i].path;
+  }
+}

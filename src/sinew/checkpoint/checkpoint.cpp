@@ -47,16 +47,6 @@ std::uint32_t crc32_of(const float* data, std::size_t n) {
   return static_cast<std::uint32_t>(crc);
 }
 
-/// fsync a file or directory so that its data (or its entries) survive a crash.
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) SINEW_THROW(CheckpointError, "{}: cannot open to fsync: {}", path, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) SINEW_THROW(CheckpointError, "{}: fsync failed: {}", path, std::strerror(err));
-}
-
 void crash_point(const WriterOptions& o, WritePhase here, int rank) {
   if (o.crash_at == here && o.crash_rank == rank) {
     std::fprintf(stderr, "sinew: fault injection: rank %d killed at checkpoint phase %s\n", rank,
@@ -112,7 +102,7 @@ TrainingState read_meta(hid_t f, const std::string& file) {
 void write_manifest(const std::string& path, const TrainingState& st, const std::vector<std::string>& names,
                     const std::vector<std::vector<std::uint32_t>>& crcs /* [rank][tensor] */) {
   const int world = st.world_size;
-  h5::Handle f = h5::create_file(path);
+  h5::Handle f = h5::create_memory_file(path);
   write_meta(f.get(), st, names, path);
   for (std::size_t t = 0; t < names.size(); ++t) {
     const auto n = static_cast<std::uint64_t>(st.tensors.at(names[t]).size());
@@ -144,8 +134,7 @@ void write_manifest(const std::string& path, const TrainingState& st, const std:
     h5::write_attr(ds.get(), "shard_offsets", off, path);
     h5::write_attr(ds.get(), "shard_crc32", tensor_crcs, path);
   }
-  if (!f.close()) SINEW_THROW(CheckpointError, "{}: closing the manifest failed (disk full?)", path);
-  fsync_path(path, false);
+  h5::write_image(f.get(), path, /*sync=*/true);
 }
 
 /// Writes this rank's shard and makes it durable; returns the CRC32 of each tensor slice.
@@ -155,7 +144,7 @@ std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingSt
   crash_point(o, WritePhase::kBeforeShardData, rank);
   std::vector<std::uint32_t> crcs;
   {
-    h5::Handle f = h5::create_file(path);
+    h5::Handle f = h5::create_memory_file(path);
     write_meta(f.get(), st, names, path);
     h5::write_attr(f.get(), "rank", static_cast<std::int64_t>(rank), path);
     for (const auto& name : names) {
@@ -167,11 +156,11 @@ std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingSt
       crcs.push_back(crc32_of(full.data() + begin, count));
       bytes += count * sizeof(float);
     }
+    h5::write_image(f.get(), path, /*sync=*/false);
     crash_point(o, WritePhase::kAfterShardData, rank);
-    if (!f.close()) SINEW_THROW(CheckpointError, "{}: closing the shard failed (disk full?)", path);
   }
   crash_point(o, WritePhase::kBeforeFsync, rank);
-  fsync_path(path, false);
+  h5::fsync_path(path, false);
   return crcs;
 }
 
@@ -240,20 +229,15 @@ Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
   }
 }
 
-SaveResult Writer::save(const TrainingState& state) {
-  const int rank = backend_.rank(), world = backend_.size();
-  SINEW_ENFORCE_EQ(state.world_size, world, "TrainingState.world_size must be the writing group's size");
-  const auto names = tensor_names(state);
+bool Writer::prepare(const TrainingState& state) {
+  SINEW_ENFORCE_EQ(state.world_size, backend_.size(),
+                   "TrainingState.world_size must be the writing group's size");
   const std::string final_dir = (fs::path(dir_) / ckpt_name(state.step)).string();
   const std::string partial = final_dir + ".partial";
-  SaveResult res;
-  res.path = final_dir;
-  const auto t0 = Clock::now();
-
-  // 1. Rank 0 prepares the .partial directory; everyone learns the outcome.
+  // Rank 0 prepares the .partial directory; everyone learns the outcome.
   std::int64_t prep = 0;  // 0 go, 1 already committed, 2 error
   std::string why;
-  if (rank == 0) {
+  if (backend_.rank() == 0) {
     try {
       if (fs::exists(final_dir) && verify(final_dir).empty()) {
         prep = 1;  // this step is already committed and intact
@@ -269,25 +253,39 @@ SaveResult Writer::save(const TrainingState& state) {
     }
   }
   backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&prep, 1)), 0, opts_.op);
-  if (prep == 1) {
-    res.skipped = true;
-    return res;
-  }
   if (prep == 2)
     SINEW_THROW(CheckpointError, "cannot create {}: {}", partial, why.empty() ? "see rank 0" : why);
+  return prep == 0;
+}
 
-  // 2. Every rank writes and syncs its shard; failures are agreed on, never left one-sided.
-  std::vector<std::uint64_t> mine(names.size() + 2, 0);  // ok, bytes, crc per tensor
+Writer::Local Writer::write_local(const TrainingState& state) const {
+  const int rank = backend_.rank();
+  const std::string partial = (fs::path(dir_) / ckpt_name(state.step)).string() + ".partial";
+  Local out;
   try {
-    std::uint64_t bytes = 0;
-    const auto crcs =
-        write_shard((fs::path(partial) / shard_name(rank, world)).string(), state, names, rank, opts_, bytes);
-    mine[0] = 1;
-    mine[1] = bytes;
-    std::copy(crcs.begin(), crcs.end(), mine.begin() + 2);
-  } catch (const CheckpointError& e) {
-    why = e.message();
+    out.crcs = write_shard((fs::path(partial) / shard_name(rank, backend_.size())).string(), state,
+                           tensor_names(state), rank, opts_, out.bytes);
+    out.ok = true;
+  } catch (const Error& e) {
+    out.why = e.message();
+  } catch (const std::exception& e) {
+    out.why = e.what();
   }
+  return out;
+}
+
+SaveResult Writer::commit(const TrainingState& state, const Local& local, double write_ms) {
+  const int rank = backend_.rank(), world = backend_.size();
+  const auto names = tensor_names(state);
+  const std::string final_dir = (fs::path(dir_) / ckpt_name(state.step)).string();
+  const std::string partial = final_dir + ".partial";
+  SaveResult res;
+  res.path = final_dir;
+  // Failures are agreed on, never left one-sided: every rank learns every rank's outcome and checksums.
+  std::vector<std::uint64_t> mine(names.size() + 2, 0);  // ok, bytes, crc per tensor
+  mine[0] = local.ok ? 1 : 0;
+  mine[1] = local.bytes;
+  std::copy(local.crcs.begin(), local.crcs.end(), mine.begin() + 2);
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(world));
   backend_.allgather_sync(comm::Buffer::of(std::span<std::uint64_t>(mine)),
                           comm::Buffer::of(std::span<std::uint64_t>(all)), opts_.op);
@@ -301,7 +299,7 @@ SaveResult Writer::save(const TrainingState& state) {
       crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[2 + t]));
     }
   }
-  res.write_ms = seconds_since(t0) * 1e3;
+  res.write_ms = write_ms;
   if (!failed.empty()) {
     if (rank == 0) {
       std::error_code ec;
@@ -309,20 +307,21 @@ SaveResult Writer::save(const TrainingState& state) {
     }
     SINEW_THROW(CheckpointError,
                 "checkpoint of step {} not written: {} of {} ranks failed to write their shard{}", state.step,
-                failed.size(), world, why.empty() ? std::string() : " (this rank: " + why + ")");
+                failed.size(), world, local.why.empty() ? std::string() : " (this rank: " + local.why + ")");
   }
 
-  // 3. Rank 0 writes the manifest and commits by renaming the directory; everyone learns the outcome.
+  // Rank 0 writes the manifest and commits by renaming the directory; everyone learns the outcome.
   const auto t1 = Clock::now();
   std::int64_t committed = 1;
+  std::string why;
   if (rank == 0) {
     try {
       crash_point(opts_, WritePhase::kBeforeManifest, rank);
       write_manifest((fs::path(partial) / kManifest).string(), state, names, crcs);
-      fsync_path(partial, true);
+      h5::fsync_path(partial, true);
       crash_point(opts_, WritePhase::kBeforeRename, rank);
       fs::rename(partial, final_dir);
-      fsync_path(dir_, true);
+      h5::fsync_path(dir_, true);
     } catch (const Error& e) {
       committed = 0;
       why = e.message();
@@ -342,7 +341,7 @@ SaveResult Writer::save(const TrainingState& state) {
   }
   res.commit_ms = seconds_since(t1) * 1e3;
 
-  // 4. Prune: keep the newest `keep` committed checkpoints.
+  // Prune: keep the newest `keep` committed checkpoints.
   if (rank == 0 && opts_.keep > 0) {
     auto entries = scan(dir_, /*check=*/false);
     for (std::size_t i = static_cast<std::size_t>(opts_.keep); i < entries.size(); ++i) {
@@ -351,6 +350,52 @@ SaveResult Writer::save(const TrainingState& state) {
     }
   }
   return res;
+}
+
+SaveResult Writer::save(const TrainingState& state) {
+  finish_async();
+  const auto t0 = Clock::now();
+  if (!prepare(state)) {
+    SaveResult res;
+    res.path = (fs::path(dir_) / ckpt_name(state.step)).string();
+    res.skipped = true;
+    return res;
+  }
+  const Local local = write_local(state);
+  return commit(state, local, seconds_since(t0) * 1e3);
+}
+
+bool Writer::save_async(TrainingState state) {
+  finish_async();
+  if (!prepare(state)) return false;
+  auto job = std::make_unique<Async>();
+  job->state = std::move(state);
+  job->start = Clock::now();
+  Async* j = job.get();
+  job->thread = std::thread([this, j] {
+    j->local = write_local(j->state);
+    j->write_ms = seconds_since(j->start) * 1e3;
+    j->done.store(true, std::memory_order_release);
+  });
+  async_ = std::move(job);
+  return true;
+}
+
+std::optional<SaveResult> Writer::finish_async() {
+  if (!async_) return std::nullopt;
+  return complete_async();
+}
+
+SaveResult Writer::complete_async() {
+  auto job = std::move(async_);
+  job->thread.join();
+  return commit(job->state, job->local, job->write_ms);
+}
+
+Writer::~Writer() {
+  // A write still in flight finishes its local part; without the collective commit it stays .partial
+  // and is never loaded (the next Writer on this directory removes it).
+  if (async_ && async_->thread.joinable()) async_->thread.join();
 }
 
 ManifestInfo read_manifest(const std::string& path) {
@@ -479,13 +524,13 @@ Latest find_latest(const std::string& dir) {
 
 void export_plain(const TrainingState& state, const std::string& file) {
   const auto names = tensor_names(state);
-  h5::Handle f = h5::create_file(file);
+  h5::Handle f = h5::create_memory_file(file);
   write_meta(f.get(), state, names, file);
   for (const auto& name : names) {
     const auto& v = state.tensors.at(name);
     h5::write_floats(f.get(), "tensors/" + name, v.data(), v.size(), file);
   }
-  if (!f.close()) SINEW_THROW(CheckpointError, "{}: closing failed (disk full?)", file);
+  h5::write_image(f.get(), file, /*sync=*/true);
 }
 
 }  // namespace sinew::checkpoint

@@ -15,9 +15,13 @@
 // directory to its final name: the checkpoint exists exactly when that rename is done.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sinew/checkpoint/state.hpp"
@@ -58,10 +62,29 @@ class Writer {
   /// `dir` is created if missing (by rank 0). Removes abandoned .partial directories.
   Writer(std::string dir, comm::Backend& backend, WriterOptions opts = {});
 
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+  ~Writer();
+
   /// Collective: writes `state` (the same on every rank, as in data-parallel training), commits it
   /// atomically and prunes old checkpoints. Throws CheckpointError (every rank) if any rank failed to
-  /// write; the previous checkpoints stay valid. Throws CommFailure/Timeout if a peer died.
+  /// write; the previous checkpoints stay valid. Throws CommFailure/Timeout if a peer died. Completes an
+  /// asynchronous save in flight first.
   SaveResult save(const TrainingState& state);
+
+  /// Collective: starts an asynchronous save of `state` (a snapshot the writer now owns): each rank
+  /// writes and syncs its shard on a background thread while training goes on. At most one is in
+  /// flight: a save in flight is completed first. Returns false if this step is already committed.
+  bool save_async(TrainingState state);
+  /// Local: whether this rank's background write has finished (the caller agrees on it with the group,
+  /// then calls finish_async(), which then does not wait).
+  [[nodiscard]] bool async_done() const noexcept {
+    return async_ && async_->done.load(std::memory_order_acquire);
+  }
+  /// Collective: waits for the save in flight, if any, and commits it. A failed write surfaces here as
+  /// CheckpointError, on every rank: never lost.
+  std::optional<SaveResult> finish_async();
+  [[nodiscard]] bool async_in_flight() const noexcept { return async_ != nullptr; }
 
   /// Fault injection for tests: the next save() kills `rank` (SIGKILL) at `phase`.
   void arm_fault(WritePhase phase, int rank) noexcept {
@@ -72,9 +95,29 @@ class Writer {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
+  struct Local {  // one rank's shard write
+    bool ok = false;
+    std::uint64_t bytes = 0;
+    std::vector<std::uint32_t> crcs;
+    std::string why;
+  };
+  struct Async {
+    TrainingState state;
+    Local local;
+    double write_ms = 0;
+    std::chrono::steady_clock::time_point start;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+  bool prepare(const TrainingState& state);             // collective; false: already committed
+  Local write_local(const TrainingState& state) const;  // local I/O only
+  SaveResult commit(const TrainingState& state, const Local& local, double write_ms);  // collective
+  SaveResult complete_async();
+
   std::string dir_;
   comm::Backend& backend_;
   WriterOptions opts_;
+  std::unique_ptr<Async> async_;
 };
 
 /// What a manifest says, without reading tensor data.

@@ -50,7 +50,17 @@ Handle intermediate_groups();
 /// Turns off HDF5's automatic error printing (errors become CheckpointError messages instead).
 void quiet();
 
-Handle create_file(const std::string& path);
+/// An HDF5 file built in memory (core driver, no backing store): nothing touches the disk until
+/// write_image(). Sinew writes checkpoints this way so that an I/O error such as a full disk is met by its
+/// own POSIX code, cleanly, instead of inside HDF5 (whose half-flushed files crashed at process exit),
+/// and so that each file reaches the filesystem as one large sequential write.
+/// `path` only names the file in messages.
+Handle create_memory_file(const std::string& path);
+/// Writes the in-memory file `f` to `path` (created or truncated) and, with `sync`, fsyncs it. Throws
+/// CheckpointError naming `path` on any error (ENOSPC: "disk full").
+void write_image(hid_t f, const std::string& path, bool sync);
+/// fsync of a file or directory; throws CheckpointError naming it.
+void fsync_path(const std::string& path, bool directory);
 Handle open_file(const std::string& path);
 Handle create_group(hid_t loc, const std::string& name);
 

@@ -41,7 +41,8 @@ struct Config {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
   int checkpoint_keep = 3;
-  std::string resume = "auto";  ///< auto | never | PATH
+  bool checkpoint_async = false;  ///< write periodic checkpoints on a background thread
+  std::string resume = "auto";    ///< auto | never | PATH
   /// Test seam: "RANK:PHASE:STEP" kills RANK at PHASE (checkpoint::parse_phase) of the checkpoint of STEP.
   std::string inject_checkpoint_fault;
   // elasticity (reserved options are validated, see options.cpp)

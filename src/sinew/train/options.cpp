@@ -71,6 +71,9 @@ po::options_description describe(Config& c, std::string& config_file) {
       "checkpoint every N steps (0: only at the end and on SIGUSR1/SIGTERM)")(
       "checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep)->value_name("K"),
       "keep the newest K checkpoints (0: all)")(
+      "checkpoint-async",
+      po::value(&c.checkpoint_async)->default_value(c.checkpoint_async)->value_name("BOOL"),
+      "write periodic checkpoints in the background (snapshot in memory; errors surface at the next step)")(
       "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
       "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory")(
       "inject-checkpoint-fault", po::value(&c.inject_checkpoint_fault)->value_name("RANK:PHASE:STEP"),

@@ -26,7 +26,10 @@ namespace sinew::train {
 using model::Matrix;
 
 namespace {
-/// Set by SIGUSR1/SIGTERM: checkpoint at the next step boundary, then stop (exit code 75).
+/// Steps between the checks for a stop signal and for a finished background checkpoint.
+constexpr std::int64_t kControlEvery = 10;
+
+/// Set by SIGUSR1/SIGTERM: checkpoint within kControlEvery steps, then stop (exit code 75).
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
@@ -78,6 +81,7 @@ struct Trainer::Impl {
   bool resumed = false;
   std::unique_ptr<checkpoint::Writer> writer;
   std::unique_ptr<StopSignals> signals;
+  std::string pending_reason = "periodic";  // why the asynchronous checkpoint in flight was taken
   struct Fault {
     int rank = -1;
     checkpoint::WritePhase phase = checkpoint::WritePhase::kNone;
@@ -161,12 +165,21 @@ struct Trainer::Impl {
   }
 
   /// Collective. Throws CheckpointError (same on every rank) if it could not be written.
-  void save(std::int64_t step, const char* why) {
+  /// Collective. Throws CheckpointError (same on every rank) if it could not be written. With
+  /// --checkpoint-async only periodic checkpoints go to the background; a stop or the end is synchronous.
+  void save(std::int64_t step, const char* why, bool async) {
     if (step == fault.step) writer->arm_fault(fault.phase, fault.rank);
-    const auto r = writer->save(snapshot(step));
+    if (async) {
+      if (writer->save_async(snapshot(step))) pending_reason = why;
+      return;
+    }
+    if (auto r = writer->finish_async()) report(*r, pending_reason.c_str());
+    report(writer->save(snapshot(step)), why);
+  }
+
+  void report(const checkpoint::SaveResult& r, const char* why) {
     if (r.skipped) return;
     metrics.write({{"event", "checkpoint"},
-                   {"step", step},
                    {"path", r.path},
                    {"reason", why},
                    {"bytes", r.bytes},
@@ -174,22 +187,35 @@ struct Trainer::Impl {
                    {"commit_ms", r.commit_ms},
                    {"world_size", backend->size()}});
     if (backend->rank() == 0) {
-      spdlog::info("checkpoint of step {} committed: {} ({:.1f} MB, write {:.0f} ms, commit {:.0f} ms)", step,
-                   r.path, static_cast<double>(r.bytes) / 1e6, r.write_ms, r.commit_ms);
+      spdlog::info("checkpoint committed: {} ({:.1f} MB, write {:.0f} ms, commit {:.0f} ms)", r.path,
+                   static_cast<double>(r.bytes) / 1e6, r.write_ms, r.commit_ms);
     }
   }
 
   /// A failed checkpoint (e.g. a full disk) is reported and training goes on: the previous checkpoints
   /// stay valid. The run then ends with exit code 4 (see Summary::checkpoint_error).
-  void checkpoint_or_report(std::int64_t step, const char* why, Summary& sum) {
+  void checkpoint_or_report(std::int64_t step, const char* why, Summary& sum, bool async = false) {
     try {
-      save(step, why);
+      save(step, why, async);
     } catch (const CheckpointError& e) {
-      sum.checkpoint_error = e.message();
-      metrics.write({{"event", "checkpoint"}, {"step", step}, {"reason", why}, {"error", e.message()}});
-      if (backend->rank() == 0)
-        spdlog::error("checkpoint of step {} failed, training goes on: {}", step, e.message());
+      failed_checkpoint(step, why, e, sum);
     }
+  }
+
+  /// Commits the asynchronous checkpoint in flight (collective; waits for the local write if needed).
+  void finish_checkpoint(std::int64_t step, Summary& sum) {
+    try {
+      if (auto r = writer->finish_async()) report(*r, pending_reason.c_str());
+    } catch (const CheckpointError& e) {
+      failed_checkpoint(step, pending_reason.c_str(), e, sum);
+    }
+  }
+
+  void failed_checkpoint(std::int64_t step, const char* why, const CheckpointError& e, Summary& sum) {
+    sum.checkpoint_error = e.message();
+    metrics.write({{"event", "checkpoint"}, {"step", step}, {"reason", why}, {"error", e.message()}});
+    if (backend->rank() == 0)
+      spdlog::error("checkpoint failed at step {}, training goes on: {}", step, e.message());
   }
 
   /// --resume auto|PATH: rank 0 picks the checkpoint (verifying it), every rank loads it and applies it.
@@ -404,20 +430,28 @@ struct Trainer::Impl {
           window_loss = window_step_ms = window_comm_ms = 0;
           window_steps = window_samples = 0;
         }
-        if (writer) {
-          // A stop signal may reach only some ranks: agree on it at every step boundary.
-          std::int64_t sig = g_stop_signal.load();
-          backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&sig, 1)), comm::ReduceOp::kMax,
+        const bool checkpoint_due = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
+        if (writer && (step % kControlEvery == 0 || checkpoint_due)) {
+          const auto tc = Clock::now();
+          // One small collective agrees on a stop signal (which may reach only some ranks) and on whether
+          // every rank's background checkpoint write is done. Every kControlEvery steps, so a signal is
+          // acted on within that many steps.
+          std::int64_t control[2] = {g_stop_signal.load(),
+                                     writer->async_in_flight() && !writer->async_done() ? 1 : 0};
+          backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(control)), comm::ReduceOp::kMax,
                                   op);
-          if (sig != 0) {
+          if (control[0] != 0) {
             stop = true;
-            sum.stopped_by_signal = static_cast<int>(sig);
-            if (rank == 0)
-              spdlog::warn("signal {} received: checkpointing at step {} and stopping", sig, step);
+            sum.stopped_by_signal = static_cast<int>(control[0]);
+            if (rank == 0) {
+              spdlog::warn("signal {} received: checkpointing at step {} and stopping", control[0], step);
+            }
           }
-          if (stop || (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0)) {
-            checkpoint_or_report(step, stop ? "signal" : "periodic", sum);
+          if (writer->async_in_flight() && control[1] == 0) finish_checkpoint(step, sum);
+          if (stop || checkpoint_due) {
+            checkpoint_or_report(step, stop ? "signal" : "periodic", sum, cfg.checkpoint_async && !stop);
           }
+          sum.checkpoint_ms += seconds_since(tc) * 1e3;
         }
       }
       if (stop) break;
@@ -437,6 +471,7 @@ struct Trainer::Impl {
       }
     }
     if (writer && !stop) checkpoint_or_report(step, "end", sum);
+    if (writer && writer->async_in_flight()) finish_checkpoint(step, sum);  // e.g. after a stop
     sum.steps = step;
     sum.wall_s = seconds_since(t0);
     sum.mean_step_ms = step > 0 ? total_step_ms / static_cast<double>(step) : 0;
