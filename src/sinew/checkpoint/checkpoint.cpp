@@ -280,6 +280,7 @@ SaveResult Writer::commit(const TrainingState& state, const Local& local, double
   const std::string final_dir = (fs::path(dir_) / ckpt_name(state.step)).string();
   const std::string partial = final_dir + ".partial";
   SaveResult res;
+  res.step = state.step;
   res.path = final_dir;
   // Failures are agreed on, never left one-sided: every rank learns every rank's outcome and checksums.
   std::vector<std::uint64_t> mine(names.size() + 2, 0);  // ok, bytes, crc per tensor
@@ -357,6 +358,7 @@ SaveResult Writer::save(const TrainingState& state) {
   const auto t0 = Clock::now();
   if (!prepare(state)) {
     SaveResult res;
+    res.step = state.step;
     res.path = (fs::path(dir_) / ckpt_name(state.step)).string();
     res.skipped = true;
     return res;

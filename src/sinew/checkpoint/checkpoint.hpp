@@ -50,6 +50,7 @@ struct WriterOptions {
 };
 
 struct SaveResult {
+  std::int64_t step = 0;    ///< the checkpoint's step
   std::string path;         ///< the committed directory
   std::uint64_t bytes = 0;  ///< bytes of tensor data written by all ranks
   double write_ms = 0;      ///< until every shard was durable

@@ -180,6 +180,7 @@ struct Trainer::Impl {
   void report(const checkpoint::SaveResult& r, const char* why) {
     if (r.skipped) return;
     metrics.write({{"event", "checkpoint"},
+                   {"step", r.step},
                    {"path", r.path},
                    {"reason", why},
                    {"bytes", r.bytes},
