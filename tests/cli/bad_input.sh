@@ -7,25 +7,7 @@ shift
 mpiexec=("$@")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-
-# expect NAME CODE PATTERN -- COMMAND...
-expect() {
-  local name=$1 code=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$(timeout 120 "$@" 2>&1)
-  rc=$?
-  if [ "$rc" -eq "$code" ] && grep -q -E -- "$pattern" <<<"$out"; then
-    passed=$((passed + 1))
-    echo "ok   $name (exit $rc)"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $name: expected exit $code and /$pattern/, got exit $rc:"
-    sed 's/^/     | /' <<<"$out" | head -n 20
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 fm=/usr/share/datasets/fashion-mnist
 # A small copy of Fashion-MNIST that the data cases below damage one file at a time.

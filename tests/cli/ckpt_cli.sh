@@ -1,36 +1,16 @@
 #!/usr/bin/env bash
 # sinew-ckpt's command-line contract: list, inspect, verify, export and diff on real checkpoints, the
 # documented exit codes (0 ok, 1 diff above tolerance, 2 usage, 4 bad checkpoint) and messages that name
-# the problem. The checkpoints come from `sinew-train --checkpoint-dir` (2 ranks, steps 5 and 10); while
-# sinew-train has checkpointing marked reserved they come from the checkpoint test's fixture writer.
-# Usage: ckpt_cli.sh SINEW_CKPT SINEW_TRAIN MPI_CHECKPOINT_TEST MPIEXEC [MPIEXEC_FLAGS...]
+# the problem. The checkpoints come from `sinew-train --checkpoint-dir` (2 ranks, steps 5 and 10).
+# Usage: ckpt_cli.sh SINEW_CKPT SINEW_TRAIN MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 ckpt=$1
 train=$2
-fixture=$3
-shift 3
+shift 2
 mpiexec=("$@")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-
-# expect NAME CODE PATTERN -- COMMAND...   (exit code and a pattern in stdout+stderr)
-expect() {
-  local name=$1 code=$2 pattern=$3
-  shift 4
-  local out rc
-  out=$(timeout 120 "$@" 2>&1)
-  rc=$?
-  if [ "$rc" -eq "$code" ] && grep -q -E -- "$pattern" <<<"$out"; then
-    passed=$((passed + 1))
-    echo "ok   $name (exit $rc)"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $name: expected exit $code and /$pattern/, got exit $rc:"
-    sed 's/^/     | /' <<<"$out" | head -n 30
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # check NAME CONDITION-COMMAND...   (a plain true/false check)
 check() {
@@ -47,22 +27,11 @@ check() {
 
 # --- the checkpoints -----------------------------------------------------------------------------
 d=$work/ck
-if "$train" --help 2>/dev/null | grep -E -- '--checkpoint-every' | grep -qv reserved; then
-  echo "checkpoints from sinew-train"
-  if ! timeout 180 "${mpiexec[@]}" -n 2 "$train" --dataset synthetic --model mlp:16 --epochs 1 --max-steps 10 \
-    --checkpoint-dir "$d" --checkpoint-every 5 --progress false >"$work/make.log" 2>&1; then
-    echo "FAIL: sinew-train did not write the checkpoints:"
-    sed 's/^/     | /' "$work/make.log" | tail -n 30
-    exit 1
-  fi
-else
-  echo "checkpoints from the checkpoint test's fixture writer (sinew-train cannot write them yet)"
-  if ! SINEW_CKPT_FIXTURE_DIR=$d timeout 180 "${mpiexec[@]}" -n 2 "$fixture" \
-    --gtest_filter='CheckpointFixture.*' >"$work/make.log" 2>&1; then
-    echo "FAIL: the fixture writer did not write the checkpoints:"
-    sed 's/^/     | /' "$work/make.log" | tail -n 30
-    exit 1
-  fi
+if ! timeout 180 "${mpiexec[@]}" -n 2 "$train" --dataset synthetic --model mlp:16 --epochs 1 --max-steps 10 \
+  --checkpoint-dir "$d" --checkpoint-every 5 --progress false >"$work/make.log" 2>&1; then
+  echo "FAIL: sinew-train did not write the checkpoints:"
+  sed 's/^/     | /' "$work/make.log" | tail -n 30
+  exit 1
 fi
 c5=$d/ckpt-0000000005
 c10=$d/ckpt-0000000010

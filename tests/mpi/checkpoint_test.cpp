@@ -492,11 +492,3 @@ TEST(Checkpoint, ExportPlainWritesAReadableFile) {
     }
   }
 }
-
-TEST(CheckpointFixture, WriteForCliTest) {
-  // Not a test of its own: writes checkpoints (steps 5 and 10) into $SINEW_CKPT_FIXTURE_DIR for
-  // tests/cli/ckpt_cli.sh while sinew-train cannot write checkpoints yet.
-  const char* out = std::getenv("SINEW_CKPT_FIXTURE_DIR");  // NOLINT(concurrency-mt-unsafe)
-  if (out == nullptr) GTEST_SKIP() << "only for tests/cli/ckpt_cli.sh (set SINEW_CKPT_FIXTURE_DIR)";
-  for (std::int64_t step : {5, 10}) save_world(out, make_state(step, world_size()));
-}

@@ -26,10 +26,10 @@ hid_t native() {
 }
 
 template <class T>
-void write_array_attr(hid_t obj, const std::string& name, const T* v, std::size_t n,
-                      const std::string& file) {
+void write_array_attr(hid_t obj, const std::string& name, const T* v, std::size_t n, const std::string& file,
+                      bool scalar = false) {
   const hsize_t dims = n;
-  Handle space(n == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &dims, nullptr), H5Sclose);
   Handle attr(H5Acreate2(obj, name.c_str(), native<T>(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (attr.get() < 0 || H5Awrite(attr.get(), native<T>(), v) < 0)
     fail(file, "cannot write attribute " + name);
@@ -165,30 +165,18 @@ void read_floats(hid_t loc, const std::string& name, float* out, std::size_t n, 
 }
 
 void write_attr(hid_t obj, const std::string& name, std::int64_t v, const std::string& file) {
-  write_array_attr(obj, name, &v, 1, file);
+  write_array_attr(obj, name, &v, 1, file, /*scalar=*/true);
 }
 void write_attr(hid_t obj, const std::string& name, std::uint64_t v, const std::string& file) {
-  write_array_attr(obj, name, &v, 1, file);
+  write_array_attr(obj, name, &v, 1, file, /*scalar=*/true);
 }
 void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint64_t>& v,
                 const std::string& file) {
-  const hsize_t dims = v.size();
-  Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
-  Handle attr(H5Acreate2(obj, name.c_str(), H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-              H5Aclose);
-  if (attr.get() < 0 || H5Awrite(attr.get(), H5T_NATIVE_UINT64, v.data()) < 0) {
-    fail(file, "cannot write attribute " + name);
-  }
+  write_array_attr(obj, name, v.data(), v.size(), file);
 }
 void write_attr(hid_t obj, const std::string& name, const std::vector<std::uint32_t>& v,
                 const std::string& file) {
-  const hsize_t dims = v.size();
-  Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
-  Handle attr(H5Acreate2(obj, name.c_str(), H5T_NATIVE_UINT32, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-              H5Aclose);
-  if (attr.get() < 0 || H5Awrite(attr.get(), H5T_NATIVE_UINT32, v.data()) < 0) {
-    fail(file, "cannot write attribute " + name);
-  }
+  write_array_attr(obj, name, v.data(), v.size(), file);
 }
 void write_attr(hid_t obj, const std::string& name, const std::string& v, const std::string& file) {
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
