@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "sinew/core/error.hpp"
 
@@ -14,6 +15,9 @@ namespace {
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
   SINEW_THROW(CheckpointError, "{}: {}", file, what);
 }
+
+/// strerror() is not thread-safe and shard files are written on a background thread.
+std::string errno_text(int err) { return std::generic_category().message(err); }
 
 template <class T>
 hid_t native() {
@@ -83,11 +87,11 @@ Handle create_memory_file(const std::string& path) {
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) fail(path, std::string("cannot open to fsync: ") + std::strerror(errno));
+  if (fd < 0) fail(path, std::string("cannot open to fsync: ") + errno_text(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) fail(path, std::string("fsync failed: ") + std::strerror(err));
+  if (rc != 0) fail(path, std::string("fsync failed: ") + errno_text(err));
 }
 
 void write_image(hid_t f, const std::string& path, bool sync) {
@@ -97,7 +101,7 @@ void write_image(hid_t f, const std::string& path, bool sync) {
   std::vector<char> image(static_cast<std::size_t>(n));
   if (H5Fget_file_image(f, image.data(), image.size()) != n) fail(path, "cannot copy the HDF5 file image");
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, std::string("cannot create: ") + std::strerror(errno));
+  if (fd < 0) fail(path, std::string("cannot create: ") + errno_text(errno));
   std::size_t done = 0;
   while (done < image.size()) {
     const ssize_t w = ::write(fd, image.data() + done, image.size() - done);
@@ -106,16 +110,16 @@ void write_image(hid_t f, const std::string& path, bool sync) {
       const int err = w < 0 ? errno : ENOSPC;
       ::close(fd);
       fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, image.size(),
-                             std::strerror(err), err == ENOSPC ? " (disk full)" : ""));
+                             errno_text(err), err == ENOSPC ? " (disk full)" : ""));
     }
     done += static_cast<std::size_t>(w);
   }
   if (sync && ::fsync(fd) != 0) {
     const int err = errno;
     ::close(fd);
-    fail(path, std::string("fsync failed: ") + std::strerror(err));
+    fail(path, std::string("fsync failed: ") + errno_text(err));
   }
-  if (::close(fd) != 0) fail(path, std::string("close failed: ") + std::strerror(errno));
+  if (::close(fd) != 0) fail(path, std::string("close failed: ") + errno_text(errno));
 }
 
 Handle open_file(const std::string& path) {
