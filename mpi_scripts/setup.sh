@@ -55,6 +55,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libhwloc-dev libevent-dev flex perl
   python3 python3-numpy python3-matplotlib
+  clang libclang-rt-14-dev
 )
 if [ "${SINEW_WITH_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch libopenblas0)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 
@@ -21,6 +22,23 @@ namespace sinew::checkpoint {
 namespace {
 
 constexpr const char* kManifest = "manifest.h5";
+constexpr const char* kSidecarSuffix = ".crc32";  // manifest.h5.crc32: "<crc32 hex> <size>\n"
+
+/// Reads and strictly parses the manifest's sidecar.
+h5::Digest read_sidecar(const std::string& manifest) {
+  const std::string side = manifest + kSidecarSuffix;
+  std::ifstream in(side);
+  if (!in) SINEW_THROW(CheckpointError, "{}: missing (not a committed checkpoint)", side);
+  std::string text(64, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  static const std::regex kLine(R"(([0-9a-f]{8}) ([0-9]{1,15})\n?)");
+  std::smatch m;
+  if (!std::regex_match(text, m, kLine)) {
+    SINEW_THROW(CheckpointError, "{}: corrupt (expected '<crc32> <size>')", side);
+  }
+  return {std::stoull(m[2].str()), static_cast<std::uint32_t>(std::stoul(m[1].str(), nullptr, 16))};
+}
 
 std::string ckpt_name(std::int64_t step) { return fmt::format("ckpt-{:010d}", step); }
 
@@ -100,10 +118,19 @@ TrainingState read_meta(hid_t f, const std::string& file) {
 
 /// The manifest, as a virtual dataset per tensor over the shard files (so h5py sees whole tensors).
 void write_manifest(const std::string& path, const TrainingState& st, const std::vector<std::string>& names,
-                    const std::vector<std::vector<std::uint32_t>>& crcs /* [rank][tensor] */) {
+                    const std::vector<std::vector<std::uint32_t>>& crcs /* [rank][tensor] */,
+                    const std::vector<h5::Digest>& files /* [rank] */) {
   const int world = st.world_size;
   h5::Handle f = h5::create_memory_file(path);
   write_meta(f.get(), st, names, path);
+  std::vector<std::uint64_t> sizes;
+  std::vector<std::uint32_t> file_crcs;
+  for (const auto& d : files) {
+    sizes.push_back(d.size);
+    file_crcs.push_back(d.crc32);
+  }
+  h5::write_attr(f.get(), "shard_file_sizes", sizes, path);
+  h5::write_attr(f.get(), "shard_file_crc32", file_crcs, path);
   for (std::size_t t = 0; t < names.size(); ++t) {
     const auto n = static_cast<std::uint64_t>(st.tensors.at(names[t]).size());
     const auto off = shard_offsets(n, world);
@@ -134,13 +161,22 @@ void write_manifest(const std::string& path, const TrainingState& st, const std:
     h5::write_attr(ds.get(), "shard_offsets", off, path);
     h5::write_attr(ds.get(), "shard_crc32", tensor_crcs, path);
   }
-  h5::write_image(f.get(), path, /*sync=*/true);
+  const h5::Digest d = h5::write_image(f.get(), path, /*sync=*/true);
+  // The manifest's own size and CRC32, in a one-line text file beside it: checked before HDF5 parses it.
+  const std::string side = path + kSidecarSuffix;
+  {
+    std::ofstream out(side, std::ios::trunc);
+    out << fmt::format("{:08x} {}\n", d.crc32, d.size);
+    out.flush();
+    if (!out) SINEW_THROW(CheckpointError, "{}: cannot write (disk full?)", side);
+  }
+  h5::fsync_path(side, false);
 }
 
 /// Writes this rank's shard and makes it durable; returns the CRC32 of each tensor slice.
 std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingState& st,
                                        const std::vector<std::string>& names, int rank,
-                                       const WriterOptions& o, std::uint64_t& bytes) {
+                                       const WriterOptions& o, std::uint64_t& bytes, h5::Digest& digest) {
   crash_point(o, WritePhase::kBeforeShardData, rank);
   std::vector<std::uint32_t> crcs;
   {
@@ -156,7 +192,7 @@ std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingSt
       crcs.push_back(crc32_of(full.data() + begin, count));
       bytes += count * sizeof(float);
     }
-    h5::write_image(f.get(), path, /*sync=*/false);
+    digest = h5::write_image(f.get(), path, /*sync=*/false);
     crash_point(o, WritePhase::kAfterShardData, rank);
   }
   crash_point(o, WritePhase::kBeforeFsync, rank);
@@ -263,8 +299,11 @@ Writer::Local Writer::write_local(const TrainingState& state) const {
   const std::string partial = (fs::path(dir_) / ckpt_name(state.step)).string() + ".partial";
   Local out;
   try {
+    h5::Digest digest;
     out.crcs = write_shard((fs::path(partial) / shard_name(rank, backend_.size())).string(), state,
-                           tensor_names(state), rank, opts_, out.bytes);
+                           tensor_names(state), rank, opts_, out.bytes, digest);
+    out.file_size = digest.size;
+    out.file_crc32 = digest.crc32;
     out.ok = true;
   } catch (const Error& e) {
     out.why = e.message();
@@ -283,21 +322,26 @@ SaveResult Writer::commit(const TrainingState& state, const Local& local, double
   res.step = state.step;
   res.path = final_dir;
   // Failures are agreed on, never left one-sided: every rank learns every rank's outcome and checksums.
-  std::vector<std::uint64_t> mine(names.size() + 2, 0);  // ok, bytes, crc per tensor
+  constexpr std::size_t kHead = 4;  // ok, bytes, shard file size, shard file crc; then a crc per tensor
+  std::vector<std::uint64_t> mine(names.size() + kHead, 0);
   mine[0] = local.ok ? 1 : 0;
   mine[1] = local.bytes;
-  std::copy(local.crcs.begin(), local.crcs.end(), mine.begin() + 2);
+  mine[2] = local.file_size;
+  mine[3] = local.file_crc32;
+  std::copy(local.crcs.begin(), local.crcs.end(), mine.begin() + kHead);
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(world));
   backend_.allgather_sync(comm::Buffer::of(std::span<std::uint64_t>(mine)),
                           comm::Buffer::of(std::span<std::uint64_t>(all)), opts_.op);
   std::vector<int> failed;
   std::vector<std::vector<std::uint32_t>> crcs(static_cast<std::size_t>(world));
+  std::vector<h5::Digest> files(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     const std::uint64_t* row = all.data() + mine.size() * static_cast<std::size_t>(r);
     if (row[0] != 1) failed.push_back(r);
     res.bytes += row[1];
+    files[static_cast<std::size_t>(r)] = {row[2], static_cast<std::uint32_t>(row[3])};
     for (std::size_t t = 0; t < names.size(); ++t) {
-      crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[2 + t]));
+      crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[kHead + t]));
     }
   }
   res.write_ms = write_ms;
@@ -318,7 +362,7 @@ SaveResult Writer::commit(const TrainingState& state, const Local& local, double
   if (rank == 0) {
     try {
       crash_point(opts_, WritePhase::kBeforeManifest, rank);
-      write_manifest((fs::path(partial) / kManifest).string(), state, names, crcs);
+      write_manifest((fs::path(partial) / kManifest).string(), state, names, crcs, files);
       h5::fsync_path(partial, true);
       crash_point(opts_, WritePhase::kBeforeRename, rank);
       fs::rename(partial, final_dir);
@@ -407,7 +451,7 @@ ManifestInfo read_manifest(const std::string& path) {
   const std::string file = (dir / kManifest).string();
   if (!fs::exists(file))
     SINEW_THROW(CheckpointError, "{}: manifest is missing (not a committed checkpoint)", file);
-  h5::Handle f = h5::open_file(file);
+  h5::Handle f = h5::open_verified(file, read_sidecar(file));
   ManifestInfo info;
   info.schema_version = static_cast<int>(h5::read_attr_i64(f.get(), "schema_version", file));
   if (info.schema_version != kSchemaVersion) {
@@ -415,6 +459,8 @@ ManifestInfo read_manifest(const std::string& path) {
                 info.schema_version, kSchemaVersion);
   }
   info.meta = read_meta(f.get(), file);
+  info.shard_file_sizes = h5::read_attr_u64s(f.get(), "shard_file_sizes", file);
+  info.shard_file_crc32 = h5::read_attr_u32s(f.get(), "shard_file_crc32", file);
   static const std::regex kName(R"(ckpt-(\d{10}))");
   std::smatch m;
   const std::string dname = dir.filename().string();
@@ -424,6 +470,10 @@ ManifestInfo read_manifest(const std::string& path) {
   }
   if (info.meta.world_size < 1 || info.meta.world_size > (1 << 20)) {
     SINEW_THROW(CheckpointError, "{}: implausible world size {}", file, info.meta.world_size);
+  }
+  if (info.shard_file_sizes.size() != static_cast<std::size_t>(info.meta.world_size) ||
+      info.shard_file_crc32.size() != static_cast<std::size_t>(info.meta.world_size)) {
+    SINEW_THROW(CheckpointError, "{}: shard file sizes/checksums do not match the world size", file);
   }
   for (const auto& name : split_lines(h5::read_attr_string(f.get(), "tensor_names", file))) {
     const std::string ds_name = "tensors/" + name;
@@ -458,7 +508,8 @@ TrainingState load(const std::string& path) {
   for (int r = 0; r < world; ++r) {
     const std::string file = (dir / shard_name(r, world)).string();
     if (!fs::exists(file)) SINEW_THROW(CheckpointError, "{}: shard file is missing", file);
-    h5::Handle f = h5::open_file(file);
+    const auto ri = static_cast<std::size_t>(r);
+    h5::Handle f = h5::open_verified(file, {info.shard_file_sizes[ri], info.shard_file_crc32[ri]});
     if (h5::read_attr_i64(f.get(), "rank", file) != r ||
         h5::read_attr_i64(f.get(), "step", file) != info.meta.step ||
         h5::read_attr_i64(f.get(), "world_size", file) != world) {
@@ -466,7 +517,6 @@ TrainingState load(const std::string& path) {
                   "{}: shard belongs to another checkpoint (rank, step or world size differ)", file);
     }
     for (const auto& t : info.tensors) {
-      const auto ri = static_cast<std::size_t>(r);
       const std::size_t begin = t.shard_offsets[ri], count = t.shard_offsets[ri + 1] - begin;
       float* out = st.tensors[t.name].data() + begin;
       h5::read_floats(f.get(), "tensors/" + t.name, out, count, file);

@@ -99,6 +99,8 @@ class Writer {
   struct Local {  // one rank's shard write
     bool ok = false;
     std::uint64_t bytes = 0;
+    std::uint64_t file_size = 0;
+    std::uint32_t file_crc32 = 0;
     std::vector<std::uint32_t> crcs;
     std::string why;
   };
@@ -132,6 +134,8 @@ struct ManifestInfo {
     std::vector<std::uint32_t> shard_crc32;    ///< world_size entries
   };
   std::vector<Tensor> tensors;
+  std::vector<std::uint64_t> shard_file_sizes;  ///< world_size entries: bytes of each shard file
+  std::vector<std::uint32_t> shard_file_crc32;  ///< world_size entries: CRC32 of each whole shard file
 };
 
 /// Reads and checks a checkpoint's manifest (directory or manifest.h5 path). Throws CheckpointError

@@ -1,8 +1,11 @@
 #include "sinew/checkpoint/hdf5.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
@@ -94,7 +97,68 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) fail(path, std::string("fsync failed: ") + errno_text(err));
 }
 
-void write_image(hid_t f, const std::string& path, bool sync) {
+std::uint32_t crc32_bytes(const void* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = static_cast<const Bytef*>(data);
+  while (n > 0) {  // zlib's crc32 takes a uInt length
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, bytes, chunk);
+    bytes += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+Handle open_verified(const std::string& path, const Digest& expected) {
+  quiet();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
+  // Check the size before allocating for it: `expected` may come from a damaged record.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != expected.size) {
+    const auto actual = static_cast<long long>(st.st_size);
+    ::close(fd);
+    fail(path, fmt::format("has {} bytes, its checkpoint records {}: the file is truncated or damaged",
+                           actual, expected.size));
+  }
+  // One byte more than expected, to notice a file that grew while being read.
+  std::vector<char> bytes(static_cast<std::size_t>(expected.size) + 1);
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(path, "read failed: " + errno_text(err));
+    }
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  if (got > expected.size)
+    fail(path, fmt::format("is longer than the {} bytes its checkpoint records", expected.size));
+  if (got < expected.size) {
+    fail(path,
+         fmt::format("has {} bytes, its checkpoint records {}: the file is truncated", got, expected.size));
+  }
+  const std::uint32_t crc = crc32_bytes(bytes.data(), got);
+  if (crc != expected.crc32) {
+    fail(path, fmt::format("fails its CRC32 check (expected 0x{:08x}, file 0x{:08x}): the file is corrupt",
+                           expected.crc32, crc));
+  }
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_core(fapl.get(), 1u << 20, /*backing_store=*/0);
+  // HDF5 copies the image (default flags), so `bytes` may go when this returns.
+  if (H5Pset_file_image(fapl.get(), bytes.data(), got) < 0) fail(path, "cannot hand the file image to HDF5");
+  // A name that is not on disk: the core driver refuses an image under the name of an existing file.
+  const std::string name = path + ".verified-image";
+  Handle f(H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (f.get() < 0) fail(path, "cannot open as HDF5");
+  return f;
+}
+
+Digest write_image(hid_t f, const std::string& path, bool sync) {
   if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) fail(path, "cannot flush the in-memory HDF5 file");
   const ssize_t n = H5Fget_file_image(f, nullptr, 0);
   if (n < 0) fail(path, "cannot size the HDF5 file image");
@@ -109,8 +173,8 @@ void write_image(hid_t f, const std::string& path, bool sync) {
     if (w <= 0) {
       const int err = w < 0 ? errno : ENOSPC;
       ::close(fd);
-      fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, image.size(),
-                             errno_text(err), err == ENOSPC ? " (disk full)" : ""));
+      fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, image.size(), errno_text(err),
+                             err == ENOSPC ? " (disk full)" : ""));
     }
     done += static_cast<std::size_t>(w);
   }
@@ -120,6 +184,7 @@ void write_image(hid_t f, const std::string& path, bool sync) {
     fail(path, std::string("fsync failed: ") + errno_text(err));
   }
   if (::close(fd) != 0) fail(path, std::string("close failed: ") + errno_text(errno));
+  return {image.size(), crc32_bytes(image.data(), image.size())};
 }
 
 Handle open_file(const std::string& path) {

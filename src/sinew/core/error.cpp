@@ -5,13 +5,13 @@
 namespace sinew {
 
 namespace {
-std::string located(std::string_view what, const std::source_location& where) {
+std::string located(std::string_view what, const SourceLocation& where) {
   return fmt::format("{} [{}:{}]", what, std::filesystem::path(where.file_name()).filename().string(),
                      where.line());
 }
 }  // namespace
 
-Error::Error(std::string_view what, const std::source_location& where)
+Error::Error(std::string_view what, const SourceLocation& where)
     : std::runtime_error(located(what, where)), message_(what), where_(where) {}
 
 }  // namespace sinew

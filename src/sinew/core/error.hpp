@@ -12,12 +12,38 @@
 
 #include <fmt/format.h>
 
+#include <version>
+#if defined(__cpp_lib_source_location)
 #include <source_location>
+#endif
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 namespace sinew {
+
+#if defined(__cpp_lib_source_location)
+using SourceLocation = std::source_location;
+#else
+/// std::source_location where the standard library lacks it (clang 14 with libstdc++ 12, which the
+/// fuzzers and clang-tidy use): the same interface over the builtins both compilers have.
+class SourceLocation {
+ public:
+  static constexpr SourceLocation current(const char* file = __builtin_FILE(),
+                                          unsigned line = __builtin_LINE()) noexcept {
+    SourceLocation l;
+    l.file_ = file;
+    l.line_ = line;
+    return l;
+  }
+  [[nodiscard]] constexpr const char* file_name() const noexcept { return file_; }
+  [[nodiscard]] constexpr unsigned line() const noexcept { return line_; }
+
+ private:
+  const char* file_ = "";
+  unsigned line_ = 0;
+};
+#endif
 
 /// Process exit codes, part of the user contract (docs/usage.md).
 enum class ExitCode : int {
@@ -32,15 +58,15 @@ enum class ExitCode : int {
 
 class Error : public std::runtime_error {
  public:
-  Error(std::string_view what, const std::source_location& where);
+  Error(std::string_view what, const SourceLocation& where);
   /// The message without the [file:line] prefix.
   [[nodiscard]] const std::string& message() const noexcept { return message_; }
-  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+  [[nodiscard]] const SourceLocation& where() const noexcept { return where_; }
   [[nodiscard]] virtual ExitCode exit_code() const noexcept { return ExitCode::kFailure; }
 
  private:
   std::string message_;
-  std::source_location where_;
+  SourceLocation where_;
 };
 
 class InvalidArgument : public Error {
@@ -79,7 +105,7 @@ class InternalError : public Error {
 
 namespace detail {
 template <class E>
-[[noreturn]] void raise(const std::source_location& where, std::string_view msg) {
+[[noreturn]] void raise(const SourceLocation& where, std::string_view msg) {
   throw E(msg, where);
 }
 }  // namespace detail
@@ -88,24 +114,25 @@ template <class E>
 
 /// Throw an error of type `Type` with a fmt-formatted message and the call site.
 #define SINEW_THROW(Type, ...) \
-  ::sinew::detail::raise<::sinew::Type>(std::source_location::current(), ::fmt::format(__VA_ARGS__))
+  ::sinew::detail::raise<::sinew::Type>(::sinew::SourceLocation::current(), ::fmt::format(__VA_ARGS__))
 
 /// Check an invariant that only a bug can break; prints the condition.
 #define SINEW_ENFORCE(cond, ...)                                                     \
   do {                                                                               \
     if (!(cond)) [[unlikely]]                                                        \
       ::sinew::detail::raise<::sinew::InternalError>(                                \
-          std::source_location::current(),                                           \
+          ::sinew::SourceLocation::current(),                                        \
           ::fmt::format("check failed: {}: {}", #cond, ::fmt::format(__VA_ARGS__))); \
   } while (false)
 
 /// Check that two values are equal; prints both values (gloo's ENFORCE_EQ).
-#define SINEW_ENFORCE_EQ(a, b, ...)                                                                        \
-  do {                                                                                                     \
-    const auto& sinew_a_ = (a);                                                                            \
-    const auto& sinew_b_ = (b);                                                                            \
-    if (!(sinew_a_ == sinew_b_)) [[unlikely]]                                                              \
-      ::sinew::detail::raise<::sinew::InternalError>(                                                      \
-          std::source_location::current(), ::fmt::format("check failed: {} == {} ({} vs {}): {}", #a, #b,  \
-                                                         sinew_a_, sinew_b_, ::fmt::format(__VA_ARGS__))); \
+#define SINEW_ENFORCE_EQ(a, b, ...)                                                          \
+  do {                                                                                       \
+    const auto& sinew_a_ = (a);                                                              \
+    const auto& sinew_b_ = (b);                                                              \
+    if (!(sinew_a_ == sinew_b_)) [[unlikely]]                                                \
+      ::sinew::detail::raise<::sinew::InternalError>(                                        \
+          ::sinew::SourceLocation::current(),                                                \
+          ::fmt::format("check failed: {} == {} ({} vs {}): {}", #a, #b, sinew_a_, sinew_b_, \
+                        ::fmt::format(__VA_ARGS__)));                                        \
   } while (false)

@@ -26,7 +26,7 @@ bool is_process_failure(int code) noexcept {
 #endif
 }
 
-void check(int code, const char* call, const std::source_location& where) {
+void check(int code, const char* call, const SourceLocation& where) {
   if (code == MPI_SUCCESS) [[likely]]
     return;
   if (is_process_failure(code)) {

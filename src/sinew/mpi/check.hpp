@@ -3,8 +3,8 @@
 
 #include <mpi.h>
 
-#include <source_location>
 #include <string>
+#include "sinew/core/error.hpp"
 
 namespace sinew::mpi {
 
@@ -15,7 +15,7 @@ std::string error_string(int code);
 bool is_process_failure(int code) noexcept;
 
 /// Throws CommFailure for process failures and revocations, Error otherwise, naming the call.
-void check(int code, const char* call, const std::source_location& where = std::source_location::current());
+void check(int code, const char* call, const SourceLocation& where = SourceLocation::current());
 
 }  // namespace sinew::mpi
 
