@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <csignal>
@@ -52,18 +51,7 @@ std::vector<std::uint64_t> shard_offsets(std::uint64_t n, int world) {
   return off;
 }
 
-std::uint32_t crc32_of(const float* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = reinterpret_cast<const Bytef*>(data);
-  std::size_t left = n * sizeof(float);
-  while (left > 0) {  // zlib's crc32 takes a uInt length
-    const auto chunk = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
-    crc = crc32(crc, bytes, chunk);
-    bytes += chunk;
-    left -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
+std::uint32_t crc32_of(const float* data, std::size_t n) { return h5::crc32_bytes(data, n * sizeof(float)); }
 
 void crash_point(const WriterOptions& o, WritePhase here, int rank) {
   if (o.crash_at == here && o.crash_rank == rank) {
