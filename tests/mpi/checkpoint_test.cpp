@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "shared_temp_dir.hpp"
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
@@ -41,37 +42,7 @@ int world_size() {
   return n;
 }
 
-/// A directory unique to one test: rank 0 creates it with mkdtemp and broadcasts its name; the destructor
-/// (after a barrier, so no rank still reads it) removes it.
-class TempDir {
- public:
-  TempDir() {
-    std::array<char, 4096> name{};
-    if (world_rank() == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "sinew-ckpt-test-XXXXXX").string();
-      if (::mkdtemp(tmpl.data()) != nullptr && tmpl.size() < name.size())
-        std::memcpy(name.data(), tmpl.c_str(), tmpl.size() + 1);
-    }
-    MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name.data();
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0 && !path_.empty()) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] std::string operator/(const std::string& sub) const {
-    return (fs::path(path_) / sub).string();
-  }
-
- private:
-  std::string path_;
-};
+using TempDir = sinew::test::SharedTempDir;
 
 std::string ckpt_dir_name(std::int64_t step) {
   std::string digits = std::to_string(step);

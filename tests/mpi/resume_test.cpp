@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "shared_temp_dir.hpp"
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/model/model.hpp"
@@ -14,35 +15,7 @@ using namespace sinew;
 namespace fs = std::filesystem;
 
 namespace {
-/// A directory made by rank 0 of `comm` and known to all its ranks; removed at the end of the test.
-class SharedTempDir {
- public:
-  explicit SharedTempDir(MPI_Comm comm) : comm_(comm) {
-    char name[256] = {};
-    int rank = 0;
-    MPI_Comm_rank(comm, &rank);
-    if (rank == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "sinew-resume-XXXXXX").string();
-      if (mkdtemp(tmpl.data()) != nullptr) std::snprintf(name, sizeof(name), "%s", tmpl.c_str());
-    }
-    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm);
-    path_ = name;
-  }
-  SharedTempDir(const SharedTempDir&) = delete;
-  SharedTempDir& operator=(const SharedTempDir&) = delete;
-  ~SharedTempDir() {
-    MPI_Barrier(comm_);
-    int rank = 0;
-    MPI_Comm_rank(comm_, &rank);
-    std::error_code ec;
-    if (rank == 0) fs::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::string& path() const { return path_; }
-
- private:
-  MPI_Comm comm_;
-  std::string path_;
-};
+using sinew::test::SharedTempDir;
 
 train::Config config(const std::string& dir) {
   train::Config c;
