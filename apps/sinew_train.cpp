@@ -16,27 +16,34 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& cfg = *parsed.config;
+    sinew::membership::set_command_line(argc, argv);
     sinew::mpi::Environment env(&argc, &argv);
-    sinew::log::init(env.world_rank(), env.world_size(), sinew::log::parse_level(cfg.log_level));
-    if (env.world_rank() == 0) {
-      spdlog::info("{} ({} ranks; ULFM {})", sinew::mpi::library_version(), env.world_size(),
-                   sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled");
+    auto group = sinew::membership::Group::attach();  // a spawned replacement joins its parents here
+    sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
+    if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
+      spdlog::info("{} ({} ranks; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),
+                   sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled", cfg.elastic);
     }
-    sinew::train::Trainer trainer(cfg, sinew::mpi::Communicator::borrow(MPI_COMM_WORLD));
+    if (group.role() == sinew::membership::Role::kRecovered) {
+      spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());
+    }
+    sinew::train::Trainer trainer(cfg, std::move(group));
     const auto s = trainer.run();
-    if (env.world_rank() == 0) {
+    if (s.left) return 0;  // left the group on request: not a failure
+    if (s.below_min_ranks) return static_cast<int>(sinew::ExitCode::kRelaunch);
+    if (trainer.rank() == 0) {
       spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s", s.steps,
                    s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
     }
     if (s.stopped_by_signal != 0) {
-      if (env.world_rank() == 0) {
+      if (trainer.rank() == 0) {
         spdlog::warn("stopped by signal {} after a checkpoint; relaunch with --resume auto to continue",
                      s.stopped_by_signal);
       }
       return static_cast<int>(sinew::ExitCode::kRelaunch);
     }
     if (!s.checkpoint_error.empty()) {
-      if (env.world_rank() == 0)
+      if (trainer.rank() == 0)
         spdlog::error("training finished but a checkpoint failed: {}", s.checkpoint_error);
       return static_cast<int>(sinew::ExitCode::kCheckpoint);
     }

@@ -25,7 +25,11 @@ expect bad-optimizer 2 "--optimizer: unknown value 'rmsprop'" -- "$train" --opti
 expect bad-dataset 2 "--dataset: unknown value 'cifar'" -- "$train" --dataset cifar
 expect bad-log-level 2 "--log-level: unknown level 'loud'" -- "$train" --log-level loud
 expect every-needs-dir 2 "--checkpoint-every needs --checkpoint-dir" -- "$train" --checkpoint-every 5
-expect reserved-elastic 2 "--elastic is reserved" -- "$train" --elastic inplace
+expect bad-elastic 2 "--elastic: unknown value 'sometimes'" -- "$train" --elastic sometimes
+expect bad-fault-phase 2 "--inject-fault: '1:fly:3' is not RANK:PHASE:STEP" -- "$train" --inject-fault 1:fly:3
+expect bad-schedule 2 "--resize-schedule: '20:0' is not STEP:SIZE" -- "$train" --resize-schedule 10:2,20:0
+expect bad-schedule-order 2 "--resize-schedule: '5:3' is not STEP:SIZE" -- "$train" --resize-schedule 10:2,5:3
+expect min-above-max 2 "--max-ranks 2 is below --min-ranks 3" -- "$train" --min-ranks 3 --max-ranks 2
 expect missing-value 2 "batch-size" -- "$train" --batch-size
 expect missing-config 2 "--config: cannot open" -- "$train" --config "$work/nope.cfg"
 printf 'epochs = 2\nfrobnicate = 1\n' >"$work/bad.cfg"

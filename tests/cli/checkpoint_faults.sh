@@ -21,7 +21,9 @@ trap cleanup EXIT
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     | /' <<<"$2" | tail -n 15; }
 
-common=(--dataset synthetic --batch-size 16 --checkpoint-every 5 --progress false --timeout-ms 10000)
+# --elastic off: these scenarios are about the checkpoint when the job dies (in-place recovery is tested
+# in elastic_scenarios.sh).
+common=(--dataset synthetic --batch-size 16 --checkpoint-every 5 --progress false --timeout-ms 10000 --elastic off)
 
 for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manifest 0:before-rename; do
   rank=${spec%%:*}

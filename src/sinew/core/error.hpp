@@ -98,6 +98,14 @@ class Timeout : public CommFailure {
   using CommFailure::CommFailure;
 };
 
+/// A failure that this run does not recover from in place (--elastic restart, or no usable ULFM): the
+/// process exits with kRelaunch so that a supervisor relaunches from the latest checkpoint.
+class RelaunchRequest : public Error {
+ public:
+  using Error::Error;
+  [[nodiscard]] ExitCode exit_code() const noexcept override { return ExitCode::kRelaunch; }
+};
+
 class InternalError : public Error {
  public:
   using Error::Error;

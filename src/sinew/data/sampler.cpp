@@ -39,15 +39,26 @@ void DistributedSampler::build_permutation() {
 DistributedSampler::Batch DistributedSampler::peek(int rank, int world_size,
                                                    std::size_t per_rank_batch) const {
   check_step_args(world_size, per_rank_batch);
-  if (rank < 0 || rank >= world_size)
-    SINEW_THROW(InvalidArgument, "sampler: rank {} out of range for world size {}", rank, world_size);
   const auto w = static_cast<std::size_t>(world_size);
-  const auto r = static_cast<std::size_t>(rank);
   const std::size_t remaining = perm_.size() - cursor_;
   const std::size_t global = per_rank_batch > remaining / w ? remaining : w * per_rank_batch;  // no overflow
+  return peek_range(rank, world_size, 0, global);
+}
+
+DistributedSampler::Batch DistributedSampler::peek_range(int rank, int world_size, std::size_t offset,
+                                                         std::size_t global) const {
+  if (world_size <= 0) SINEW_THROW(InvalidArgument, "sampler: world size must be > 0, got {}", world_size);
+  if (rank < 0 || rank >= world_size)
+    SINEW_THROW(InvalidArgument, "sampler: rank {} out of range for world size {}", rank, world_size);
+  if (offset > perm_.size() - cursor_ || global > perm_.size() - cursor_ - offset) {
+    SINEW_THROW(InvalidArgument, "sampler: samples [{}, {}) past the cursor are beyond epoch {}'s end ({} left)",
+                offset, offset + global, epoch_, perm_.size() - cursor_);
+  }
+  const auto w = static_cast<std::size_t>(world_size);
+  const auto r = static_cast<std::size_t>(rank);
   const std::size_t base = global / w;
   const std::size_t extra = global % w;
-  const std::size_t start = cursor_ + r * base + std::min(r, extra);
+  const std::size_t start = cursor_ + offset + r * base + std::min(r, extra);
   const std::size_t count = base + (r < extra ? 1 : 0);
   Batch batch;
   batch.global_count = global;

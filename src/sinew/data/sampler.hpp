@@ -35,6 +35,11 @@ class DistributedSampler {
   /// Throws InvalidArgument unless 0 <= rank < world_size and per_rank_batch > 0.
   [[nodiscard]] Batch peek(int rank, int world_size, std::size_t per_rank_batch) const;
 
+  /// The `global` samples that follow the cursor after skipping `offset`, dealt out over `world_size`
+  /// ranks as peek() does; does not advance. Gradient accumulation takes a step as several such ranges.
+  /// Throws InvalidArgument for a bad rank or a range past the epoch's end.
+  [[nodiscard]] Batch peek_range(int rank, int world_size, std::size_t offset, std::size_t global) const;
+
   /// Marks global_count more samples of this epoch consumed; throws InvalidArgument past the epoch's end.
   void advance(std::size_t global_count);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -45,11 +46,18 @@ struct Config {
   std::string resume = "auto";    ///< auto | never | PATH
   /// Test seam: "RANK:PHASE:STEP" kills RANK at PHASE (checkpoint::parse_phase) of the checkpoint of STEP.
   std::string inject_checkpoint_fault;
-  // elasticity (reserved options are validated, see options.cpp)
-  std::string elastic = "off";  ///< off | inplace | restart
-  int min_ranks = 1;
-  int max_ranks = 0;                ///< 0: the launch size
-  std::string lr_scaling = "none";  ///< none | linear | sqrt
+  // elasticity (docs/fault-tolerance.md)
+  std::string elastic = "inplace";  ///< off | inplace | restart
+  int min_ranks = 1;                ///< below this many ranks: checkpoint and stop (exit code 75)
+  int max_ranks = 0;                ///< size to grow back to by spawning (0: the launch size)
+  bool grow = true;                 ///< spawn replacements after a failure, up to max_ranks
+  std::string lr_scaling = "none";  ///< none | linear | sqrt: lr follows the global batch on every resize
+  std::int64_t rescale_ramp_steps = 20;  ///< after growth the lr ramps to its new value over this many steps
+  std::size_t global_batch = 0;  ///< keep this global batch on every size by gradient accumulation (0: off)
+  std::string resize_schedule;   ///< job-server schedule "STEP:SIZE,...": leave to shrink, spawn to grow
+  /// Test seam: "RANK:PHASE:STEP" kills launch rank RANK (SIGKILL) at PHASE of step STEP (repeatable).
+  std::vector<std::string> inject_fault;
+  std::string audit_dir;  ///< record every sample each rank trains on (exactly-once audit)
   // run
   std::string device = "cpu";
   std::uint64_t seed = 42;
@@ -58,6 +66,29 @@ struct Config {
   bool progress = true;  ///< rank-0 progress line on stderr
   std::string log_level = "info";
 };
+
+/// Named points of a training step where --inject-fault kills a rank.
+enum class FaultPhase : std::uint8_t {
+  kForward,
+  kBackward,
+  kAllreduce,
+  kOptimizer,
+  kCheckpointWrite,
+  kRecovery,
+  kSpawn
+};
+const char* phase_name(FaultPhase p) noexcept;
+
+struct Fault {
+  int rank = -1;  ///< launch rank (MPI_COMM_WORLD at start); spawned ranks have none
+  FaultPhase phase = FaultPhase::kForward;
+  std::int64_t step = 0;  ///< 1-based step number
+};
+/// Parses RANK:PHASE:STEP; throws InvalidArgument naming --inject-fault.
+Fault parse_fault(const std::string& spec);
+
+/// Parses "STEP:SIZE,..." (steps increasing); throws InvalidArgument naming --resize-schedule.
+std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::string& spec);
 
 /// Outcome of command-line parsing.
 struct ParseResult {

@@ -15,8 +15,8 @@ double now_s() {
 }
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path)
-    : file_(std::fopen(path.c_str(), "w")), opened_(now_s()) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : file_(std::fopen(path.c_str(), append ? "a" : "w")), opened_(now_s()) {
   if (file_ == nullptr) {
     SINEW_THROW(InvalidArgument, "--metrics: cannot create '{}': {}", path, std::strerror(errno));
   }
@@ -29,6 +29,10 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::write(nlohmann::json object) {
   if (file_ == nullptr) return;
   object["time"] = std::round((now_s() - opened_) * 1e3) / 1e3;
+  // Wall-clock time too: after a failure of rank 0 another rank appends, with its own "time" origin.
+  const double unix_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  object["unix_time"] = std::round(unix_s * 1e3) / 1e3;
   const std::string line = object.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), file_);
   std::fflush(file_);

@@ -13,8 +13,9 @@ namespace sinew::train {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  /// Opens (truncates) `path`; throws InvalidArgument naming the file if it cannot be created.
-  explicit MetricsWriter(const std::string& path);
+  /// Opens `path` (truncated, or appended to when a new rank 0 takes over after a failure); throws
+  /// InvalidArgument naming the file if it cannot be created.
+  explicit MetricsWriter(const std::string& path, bool append = false);
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   MetricsWriter(MetricsWriter&& o) noexcept : file_(std::exchange(o.file_, nullptr)), opened_(o.opened_) {}

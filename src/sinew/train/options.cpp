@@ -79,13 +79,29 @@ po::options_description describe(Config& c, std::string& config_file) {
       "inject-checkpoint-fault", po::value(&c.inject_checkpoint_fault)->value_name("RANK:PHASE:STEP"),
       "testing: kill RANK at PHASE (before-shard-data, after-shard-data, before-fsync, before-manifest, "
       "before-rename) of the checkpoint of STEP");
-  po::options_description el("Elasticity (reserved for the next release)");
+  po::options_description el("Elasticity (docs/fault-tolerance.md)");
   el.add_options()("elastic", po::value(&c.elastic)->default_value(c.elastic),
-                   "off (inplace | restart are reserved)")(
-      "min-ranks", po::value(&c.min_ranks)->default_value(c.min_ranks), "reserved")(
-      "max-ranks", po::value(&c.max_ranks)->default_value(c.max_ranks), "reserved")(
+                   "inplace: survive failures without restarting (ULFM; otherwise as restart) | restart: "
+                   "exit 75 on a failure for mpi_scripts/sinew-supervise to relaunch | off")(
+      "min-ranks", po::value(&c.min_ranks)->default_value(c.min_ranks),
+      "below this many ranks, checkpoint and stop with exit code 75")(
+      "max-ranks", po::value(&c.max_ranks)->default_value(c.max_ranks),
+      "grow back to this many ranks by spawning (0: the launch size)")(
+      "grow", po::value(&c.grow)->default_value(c.grow)->value_name("BOOL"),
+      "spawn replacements for failed ranks, up to --max-ranks")(
       "lr-scaling", po::value(&c.lr_scaling)->default_value(c.lr_scaling),
-      "none (linear | sqrt are reserved)");
+      "none | linear | sqrt: scale the lr with the global batch on every resize")(
+      "rescale-ramp-steps", po::value(&c.rescale_ramp_steps)->default_value(c.rescale_ramp_steps),
+      "steps over which the lr ramps up to its new value after growth")(
+      "global-batch", po::value(&c.global_batch)->default_value(c.global_batch)->value_name("N"),
+      "keep N samples per step at every world size by gradient accumulation (0: batch-size x ranks)")(
+      "resize-schedule", po::value(&c.resize_schedule)->value_name("STEP:SIZE,..."),
+      "job server: change the group's size at these steps (ranks leave to shrink, spawn to grow)")(
+      "inject-fault", po::value(&c.inject_fault)->composing()->value_name("RANK:PHASE:STEP"),
+      "testing: kill launch rank RANK at PHASE (forward, backward, allreduce, optimizer, checkpoint-write, "
+      "recovery, spawn) of step STEP; repeatable")(
+      "audit-dir", po::value(&c.audit_dir)->value_name("DIR"),
+      "record the samples every rank trains on, for mpi_scripts/check-audit.py");
   po::options_description all(
       "sinew-train: elastic data-parallel training over MPI\n\n"
       "usage: mpirun -n N sinew-train [options]\n");
@@ -117,6 +133,86 @@ void one_of(const std::string& value, std::initializer_list<const char*> allowed
 
 }  // namespace
 
+const char* phase_name(FaultPhase p) noexcept {
+  switch (p) {
+    case FaultPhase::kForward:
+      return "forward";
+    case FaultPhase::kBackward:
+      return "backward";
+    case FaultPhase::kAllreduce:
+      return "allreduce";
+    case FaultPhase::kOptimizer:
+      return "optimizer";
+    case FaultPhase::kCheckpointWrite:
+      return "checkpoint-write";
+    case FaultPhase::kRecovery:
+      return "recovery";
+    case FaultPhase::kSpawn:
+      return "spawn";
+  }
+  return "?";
+}
+
+Fault parse_fault(const std::string& spec) {
+  const auto a = spec.find(':'), b = spec.rfind(':');
+  Fault f;
+  bool ok = a != std::string::npos && a != b;
+  if (ok) {
+    const std::string phase = spec.substr(a + 1, b - a - 1);
+    ok = false;
+    for (auto p : {FaultPhase::kForward, FaultPhase::kBackward, FaultPhase::kAllreduce, FaultPhase::kOptimizer,
+                   FaultPhase::kCheckpointWrite, FaultPhase::kRecovery, FaultPhase::kSpawn}) {
+      if (phase == phase_name(p)) {
+        f.phase = p;
+        ok = true;
+      }
+    }
+    try {
+      std::size_t used = 0;
+      f.rank = std::stoi(spec.substr(0, a), &used);
+      ok = ok && used == a;
+      f.step = std::stoll(spec.substr(b + 1), &used);
+      ok = ok && used == spec.size() - b - 1;
+    } catch (const std::logic_error&) {
+      ok = false;
+    }
+  }
+  if (!ok || f.rank < 0 || f.step < 1) {
+    SINEW_THROW(InvalidArgument,
+                "--inject-fault: '{}' is not RANK:PHASE:STEP (RANK >= 0, STEP >= 1, PHASE one of forward, "
+                "backward, allreduce, optimizer, checkpoint-write, recovery, spawn)",
+                spec);
+  }
+  return f;
+}
+
+std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::string& spec) {
+  std::vector<std::pair<std::int64_t, int>> out;
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto colon = item.find(':');
+    std::int64_t step = -1;
+    int size = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument(item);
+      std::size_t u1 = 0, u2 = 0;
+      step = std::stoll(item.substr(0, colon), &u1);
+      size = std::stoi(item.substr(colon + 1), &u2);
+      if (u1 != colon || u2 != item.size() - colon - 1) throw std::invalid_argument(item);
+    } catch (const std::logic_error&) {
+      step = -1;
+    }
+    if (step < 1 || size < 1 || (!out.empty() && step <= out.back().first)) {
+      SINEW_THROW(InvalidArgument,
+                  "--resize-schedule: '{}' is not STEP:SIZE (STEP >= 1 and increasing, SIZE >= 1) in '{}'", item,
+                  spec);
+    }
+    out.emplace_back(step, size);
+  }
+  return out;
+}
+
 void validate(const Config& c) {
   if (c.epochs < 1) SINEW_THROW(InvalidArgument, "--epochs must be >= 1, got {}", c.epochs);
   if (c.max_steps < 0) SINEW_THROW(InvalidArgument, "--max-steps must be >= 0, got {}", c.max_steps);
@@ -145,11 +241,20 @@ void validate(const Config& c) {
   reserved(c.algorithm != "gradient_allreduce", "--algorithm",
            "the relaxed algorithms (bytegrad, qadam, ...)");
   one_of(c.elastic, {"off", "inplace", "restart"}, "--elastic");
-  reserved(c.elastic != "off", "--elastic", "elastic recovery (inplace, restart)");
   one_of(c.lr_scaling, {"none", "linear", "sqrt"}, "--lr-scaling");
-  reserved(c.lr_scaling != "none", "--lr-scaling", "hyper-parameter rescaling on resize");
-  reserved(c.min_ranks != 1, "--min-ranks", "elastic resizing");
-  reserved(c.max_ranks != 0, "--max-ranks", "elastic resizing");
+  if (c.min_ranks < 1) SINEW_THROW(InvalidArgument, "--min-ranks must be >= 1, got {}", c.min_ranks);
+  if (c.max_ranks < 0) SINEW_THROW(InvalidArgument, "--max-ranks must be >= 0, got {}", c.max_ranks);
+  if (c.max_ranks > 0 && c.max_ranks < c.min_ranks) {
+    SINEW_THROW(InvalidArgument, "--max-ranks {} is below --min-ranks {}", c.max_ranks, c.min_ranks);
+  }
+  if (c.rescale_ramp_steps < 0) {
+    SINEW_THROW(InvalidArgument, "--rescale-ramp-steps must be >= 0, got {}", c.rescale_ramp_steps);
+  }
+  if (c.global_batch > (1u << 30)) {
+    SINEW_THROW(InvalidArgument, "--global-batch must be at most 2^30, got {}", c.global_batch);
+  }
+  parse_resize_schedule(c.resize_schedule);
+  for (const auto& f : c.inject_fault) parse_fault(f);
   if (c.checkpoint_every < 0) {
     SINEW_THROW(InvalidArgument, "--checkpoint-every must be >= 0, got {}", c.checkpoint_every);
   }
@@ -185,6 +290,9 @@ nlohmann::json to_json(const Config& c) {
           {"lr_gamma", c.lr_gamma},
           {"algorithm", c.algorithm},
           {"bucket_mb", c.bucket_mb},
+          {"elastic", c.elastic},
+          {"lr_scaling", c.lr_scaling},
+          {"global_batch", c.global_batch},
           {"seed", c.seed}};
 }
 

@@ -1,16 +1,23 @@
 #include "sinew/train/trainer.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
 
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/core/log.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/dataset.hpp"
 #include "sinew/data/sampler.hpp"
@@ -26,31 +33,38 @@ namespace sinew::train {
 using model::Matrix;
 
 namespace {
-/// Steps between the checks for a stop signal and for a finished background checkpoint.
+/// Steps between the agreements on stop signals, leave requests and finished background checkpoints.
 constexpr std::int64_t kControlEvery = 10;
 
 /// Set by SIGUSR1/SIGTERM: checkpoint within kControlEvery steps, then stop (exit code 75).
 std::atomic<int> g_stop_signal{0};
+/// Set by SIGUSR2: this rank leaves the group at the next control point (not a failure).
+std::atomic<int> g_leave_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+extern "C" void on_leave_signal(int sig) { g_leave_signal.store(sig); }
 
-/// Installs the stop handlers while a checkpointing trainer lives; restores the previous ones after.
-class StopSignals {
+/// Installs the stop and leave handlers while a trainer runs; restores the previous ones after.
+class Signals {
  public:
-  StopSignals() {
+  Signals() {
     g_stop_signal.store(0);
+    g_leave_signal.store(0);
     old_usr1_ = std::signal(SIGUSR1, on_stop_signal);
     old_term_ = std::signal(SIGTERM, on_stop_signal);
+    old_usr2_ = std::signal(SIGUSR2, on_leave_signal);
   }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  ~StopSignals() {
+  Signals(const Signals&) = delete;
+  Signals& operator=(const Signals&) = delete;
+  ~Signals() {
     std::signal(SIGUSR1, old_usr1_);
     std::signal(SIGTERM, old_term_);
+    std::signal(SIGUSR2, old_usr2_);
   }
 
  private:
   void (*old_usr1_)(int) = SIG_DFL;
   void (*old_term_)(int) = SIG_DFL;
+  void (*old_usr2_)(int) = SIG_DFL;
 };
 
 data::DatasetOptions dataset_options(const Config& c) {
@@ -62,68 +76,164 @@ data::DatasetOptions dataset_options(const Config& c) {
   o.limit_test = c.limit_test;
   return o;
 }
+
+double unix_now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
+
+/// Restart generation (set by mpi_scripts/sinew-supervise for each relaunch): orders the audit records
+/// of successive launches.
+int restart_generation() {
+  const char* v = std::getenv("SINEW_RESTART_GENERATION");  // NOLINT(concurrency-mt-unsafe): at start-up
+  return v != nullptr ? std::atoi(v) : 0;
+}
+
+/// Appends one line per micro-batch to DIR/audit-<host>-<pid>.txt: "GEN EPOCH STEP DATA_EPOCH i1 i2 ...".
+/// Unbuffered (one write per line), so a killed rank's records up to its death are on disk.
+class AuditLog {
+ public:
+  AuditLog() = default;
+  explicit AuditLog(const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string path = fmt::format("{}/audit-{}-{}.txt", dir, host, ::getpid());
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) SINEW_THROW(InvalidArgument, "--audit-dir: cannot create {}: {}", path, std::strerror(errno));
+  }
+  AuditLog(const AuditLog&) = delete;
+  AuditLog& operator=(const AuditLog&) = delete;
+  AuditLog(AuditLog&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  AuditLog& operator=(AuditLog&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~AuditLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void record(int gen, std::uint64_t membership_epoch, std::int64_t step, std::int64_t data_epoch,
+              const std::vector<std::size_t>& indices) {
+    if (fd_ < 0) return;
+    line_ = fmt::format("{} {} {} {}", gen, membership_epoch, step, data_epoch);
+    for (auto i : indices) fmt::format_to(std::back_inserter(line_), " {}", i);
+    line_ += '\n';
+    if (::write(fd_, line_.data(), line_.size()) != static_cast<ssize_t>(line_.size())) {
+      SINEW_THROW(DataError, "--audit-dir: write failed: {}", std::strerror(errno));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  std::string line_;
+};
+
 }  // namespace
 
 struct Trainer::Impl {
   Config cfg;
-  std::unique_ptr<comm::mpi::MpiBackend> backend;
+  membership::Group group;
   data::DataSplit data;
   model::Model net;
   std::unique_ptr<optim::Optimizer> optimizer;
-  std::unique_ptr<optim::LrSchedule> schedule;
-  std::unique_ptr<comm::GradientBucketer> bucketer;
   data::DistributedSampler sampler;
   MetricsWriter metrics;
   comm::Options op;
-  std::int64_t steps_per_epoch = 0;
-  std::int64_t total_steps = 0;
-  std::int64_t start_step = 0;  // > 0 after a resume
-  bool resumed = false;
-  std::unique_ptr<checkpoint::Writer> writer;
-  std::unique_ptr<StopSignals> signals;
-  std::string pending_reason = "periodic";  // why the asynchronous checkpoint in flight was taken
-  struct Fault {
-    int rank = -1;
-    checkpoint::WritePhase phase = checkpoint::WritePhase::kNone;
-    std::int64_t step = -1;
-  } fault;
+  std::vector<Fault> faults;
+  std::vector<std::pair<std::int64_t, int>> schedule_points;  // job-server schedule
+  AuditLog audit;
+  Signals signals;
+  int generation = restart_generation();
 
-  Impl(Config c, const mpi::Communicator& world)
+  // Rebuilt on every change of membership (connect()).
+  std::unique_ptr<comm::mpi::MpiBackend> backend;
+  std::unique_ptr<comm::GradientBucketer> bucketer;
+  std::unique_ptr<checkpoint::Writer> writer;
+
+  // The training position. Replicated; re-synchronised from the most advanced survivor after a failure.
+  std::int64_t step = 0;
+  std::int64_t last_eval_epoch = -1;
+  int launch_world = 0;           // size of the group at launch (or at resume): the lr reference
+  std::int64_t sched_total = 0;   // length of the lr schedule, in steps of the reference global batch
+  double base_batch = 0;          // the reference global batch
+  double factor_from = 1, factor_to = 1;  // lr rescaling ramp
+  std::int64_t ramp_start = 0, ramp_steps = 0;
+  int target_override = 0;  // > 0 after ranks left on request: do not grow back past it
+
+  std::unique_ptr<optim::LrSchedule> schedule;
+  std::vector<float> accum;  // gradient accumulation (--global-batch)
+  bool resumed = false;
+  std::string pending_reason = "periodic";  // why the asynchronous checkpoint in flight was taken
+  checkpoint::WritePhase ckpt_fault_phase = checkpoint::WritePhase::kNone;
+  std::int64_t ckpt_fault_step = -1;
+  struct PendingRecovery {
+    bool active = false;
+    Clock::time_point detected;
+    nlohmann::json event;
+  } pending;
+
+  Impl(Config c, membership::Group g)
       : cfg(std::move(c)),
-        backend(std::make_unique<comm::mpi::MpiBackend>(world)),
+        group(std::move(g)),
         data(data::load_dataset(dataset_options(cfg))),
         net(model::Model::build(cfg.model, {data.train.channels, data.train.height, data.train.width},
                                 data.train.num_classes, cfg.seed)),
         sampler(data.train.size(), cfg.seed, /*shuffle=*/true) {
     op.timeout = std::chrono::milliseconds(cfg.timeout_ms);
-    if (backend->rank() == 0 && !cfg.metrics.empty()) metrics = MetricsWriter(cfg.metrics);
-    // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
-    backend->broadcast_sync(comm::Buffer::of(net.params()), 0, op);
     optimizer = optim::make_optimizer({cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.nesterov},
                                       net.num_params());
-    steps_per_epoch = static_cast<std::int64_t>(sampler.steps_left(backend->size(), cfg.batch_size));
+    for (const auto& f : cfg.inject_fault) faults.push_back(parse_fault(f));
+    schedule_points = parse_resize_schedule(cfg.resize_schedule);
+    if (!cfg.inject_checkpoint_fault.empty()) parse_checkpoint_fault(cfg.inject_checkpoint_fault);
+    if (!cfg.audit_dir.empty()) audit = AuditLog(cfg.audit_dir);
+    launch_world = group.size();
+    if (group.role() == membership::Role::kRecovered) {
+      // Spawned to replace failed ranks: the parents are in grow() -> connect() -> synchronise().
+      step = -1;
+      connect();
+      synchronise();
+      rescale(0, "grow");
+    } else {
+      connect();
+      if (backend->rank() == 0 && !cfg.metrics.empty()) metrics = MetricsWriter(cfg.metrics);
+      // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
+      backend->broadcast_sync(comm::Buffer::of(net.params()), 0, op);
+      resume();
+      base_batch = static_cast<double>(cfg.global_batch > 0 ? cfg.global_batch : launch_world * cfg.batch_size);
+      const double epoch_steps = std::ceil(static_cast<double>(data.train.size()) / base_batch);
+      sched_total = static_cast<std::int64_t>(epoch_steps) * cfg.epochs;
+      if (cfg.max_steps > 0) sched_total = std::min(sched_total, cfg.max_steps);
+    }
+    optim::LrScheduleOptions so;
+    so.base_lr = cfg.lr;
+    so.warmup_steps = std::min(cfg.warmup_steps, sched_total / 2);
+    so.kind = cfg.lr_schedule;
+    so.step_size = cfg.lr_step_size;
+    so.gamma = cfg.lr_gamma;
+    so.total_steps = std::max<std::int64_t>(sched_total, 1);
+    schedule = std::make_unique<optim::LrSchedule>(so);
+  }
+
+  ~Impl() {
+    // Tear down in dependency order: the bucketer's thread and the writer use the backend.
+    bucketer.reset();
+    writer.reset();
+    backend.reset();
+  }
+
+  /// Builds the backend, the checkpoint writer and the gradient buckets over the current view.
+  /// Collective (duplicates the view's communicator; the writer agrees on its directory).
+  void connect() {
+    bucketer.reset();
+    writer.reset();
+    backend = std::make_unique<comm::mpi::MpiBackend>(group.comm());
     if (!cfg.checkpoint_dir.empty()) {
       checkpoint::WriterOptions wo;
       wo.keep = cfg.checkpoint_keep;
       wo.op = op;
       writer = std::make_unique<checkpoint::Writer>(cfg.checkpoint_dir, *backend, wo);
-      if (!cfg.inject_checkpoint_fault.empty()) fault = parse_fault(cfg.inject_checkpoint_fault);
-      signals = std::make_unique<StopSignals>();
     }
-    resume();
-    // Steps still to run: the rest of this epoch, then whole epochs, at this world size.
-    const std::int64_t rest = static_cast<std::int64_t>(sampler.steps_left(backend->size(), cfg.batch_size)) +
-                              steps_per_epoch * std::max<std::int64_t>(0, cfg.epochs - 1 - sampler.epoch());
-    total_steps = start_step + rest;
-    if (cfg.max_steps > 0) total_steps = std::min(total_steps, cfg.max_steps);
-    optim::LrScheduleOptions so;
-    so.base_lr = cfg.lr;
-    so.warmup_steps = std::min(cfg.warmup_steps, total_steps / 2);
-    so.kind = cfg.lr_schedule;
-    so.step_size = cfg.lr_step_size;
-    so.gamma = cfg.lr_gamma;
-    so.total_steps = total_steps;
-    schedule = std::make_unique<optim::LrSchedule>(so);
     std::vector<comm::Range> ranges;
     for (const auto& r : net.grad_ready_order()) ranges.push_back({r.offset, r.count});
     comm::BucketOptions bo;
@@ -131,10 +241,53 @@ struct Trainer::Impl {
     bo.overlap = cfg.overlap;
     bo.op = op;
     bucketer = std::make_unique<comm::GradientBucketer>(*backend, net.grads(), ranges, bo);
+    log::set_rank(backend->rank(), backend->size());
+    if (backend->rank() == 0 && !metrics.enabled() && !cfg.metrics.empty()) {
+      metrics = MetricsWriter(cfg.metrics, /*append=*/true);  // rank 0 died: its successor takes over
+    }
   }
 
+  /// Drops everything built over the old view (after a failure, before a change).
+  void disconnect() noexcept {
+    if (backend) backend->abort();
+    bucketer.reset();
+    writer.reset();
+    backend.reset();
+  }
+
+  // ---- fault injection -------------------------------------------------------------------------------
+
+  void parse_checkpoint_fault(const std::string& spec) {
+    const auto a = spec.find(':'), b = spec.rfind(':');
+    try {
+      if (a == std::string::npos || a == b) throw std::invalid_argument(spec);
+      const int rank = std::stoi(spec.substr(0, a));
+      ckpt_fault_phase = checkpoint::parse_phase(spec.substr(a + 1, b - a - 1));
+      ckpt_fault_step = std::stoll(spec.substr(b + 1));
+      if (rank != group.launch_rank()) ckpt_fault_phase = checkpoint::WritePhase::kNone;
+    } catch (const std::logic_error&) {
+      SINEW_THROW(InvalidArgument, "--inject-checkpoint-fault: '{}' is not RANK:PHASE:STEP", spec);
+    }
+  }
+
+  /// Kills this process (SIGKILL, as a crash would) if --inject-fault names it, this phase and the step
+  /// being trained (`step + 1`; for recovery and spawn: any step from then on).
+  void inject(FaultPhase phase) const {
+    for (const auto& f : faults) {
+      if (f.rank != group.launch_rank() || f.phase != phase) continue;
+      const bool later_ok = phase == FaultPhase::kRecovery || phase == FaultPhase::kSpawn;
+      if (later_ok ? step + 1 < f.step : step + 1 != f.step) continue;
+      std::fprintf(stderr, "[sinew] injected fault: killing launch rank %d at phase %s of step %lld (unix_time %.6f)\n",
+                   f.rank, phase_name(phase), static_cast<long long>(step + 1), unix_now_s());
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+    }
+  }
+
+  // ---- state -----------------------------------------------------------------------------------------
+
   /// The whole training state; the same on every rank (parameters and optimiser state are replicated).
-  checkpoint::TrainingState snapshot(std::int64_t step) const {
+  checkpoint::TrainingState snapshot() const {
     checkpoint::TrainingState st;
     st.tensors["params"].assign(net.params().begin(), net.params().end());
     for (const auto& [name, buf] : optimizer->state())
@@ -150,31 +303,133 @@ struct Trainer::Impl {
     return st;
   }
 
-  static Fault parse_fault(const std::string& spec) {
-    Fault f;
-    const auto a = spec.find(':'), b = spec.rfind(':');
-    try {
-      if (a == std::string::npos || a == b) throw std::invalid_argument(spec);
-      f.rank = std::stoi(spec.substr(0, a));
-      f.phase = checkpoint::parse_phase(spec.substr(a + 1, b - a - 1));
-      f.step = std::stoll(spec.substr(b + 1));
-    } catch (const std::logic_error&) {
-      SINEW_THROW(InvalidArgument, "--inject-checkpoint-fault: '{}' is not RANK:PHASE:STEP", spec);
+  /// Collective, after any change of membership: every member takes the training state of the most
+  /// advanced one (the lowest rank among those at the highest step: a step that completed anywhere
+  /// completed with every rank's gradients), from memory, then all check that they hold the same bytes.
+  /// Returns milliseconds.
+  double synchronise() {
+    const auto t = Clock::now();
+    std::int64_t top[1] = {step};
+    backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(top)), comm::ReduceOp::kMax, op);
+    std::int64_t src[1] = {step == top[0] ? backend->rank() : std::numeric_limits<std::int64_t>::max()};
+    backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(src)), comm::ReduceOp::kMin, op);
+    const int root = static_cast<int>(src[0]);
+    double h[14] = {static_cast<double>(step),
+                    static_cast<double>(sampler.epoch()),
+                    static_cast<double>(sampler.cursor()),
+                    static_cast<double>(optimizer->steps()),
+                    static_cast<double>(last_eval_epoch),
+                    static_cast<double>(launch_world),
+                    static_cast<double>(sched_total),
+                    base_batch,
+                    factor_from,
+                    factor_to,
+                    static_cast<double>(ramp_start),
+                    static_cast<double>(ramp_steps),
+                    static_cast<double>(target_override),
+                    resumed ? 1.0 : 0.0};
+    backend->broadcast_sync(comm::Buffer::of(std::span<double>(h)), root, op);
+    backend->broadcast_sync(comm::Buffer::of(net.params()), root, op);
+    for (auto& [name, buf] : optimizer->state()) backend->broadcast_sync(comm::Buffer::of(buf), root, op);
+    step = static_cast<std::int64_t>(h[0]);
+    sampler.set_position(static_cast<std::int64_t>(h[1]), static_cast<std::size_t>(h[2]));
+    optimizer->set_steps(static_cast<std::int64_t>(h[3]));
+    last_eval_epoch = static_cast<std::int64_t>(h[4]);
+    launch_world = static_cast<int>(h[5]);
+    sched_total = static_cast<std::int64_t>(h[6]);
+    base_batch = h[7];
+    factor_from = h[8];
+    factor_to = h[9];
+    ramp_start = static_cast<std::int64_t>(h[10]);
+    ramp_steps = static_cast<std::int64_t>(h[11]);
+    target_override = static_cast<int>(h[12]);
+    resumed = h[13] != 0;
+    // Consistency: a checksum of everything that must be equal, compared as (max, -min).
+    uLong crc = crc32(0L, Z_NULL, 0);
+    auto add = [&crc](const void* p, std::size_t n) {
+      crc = crc32(crc, static_cast<const Bytef*>(p), static_cast<uInt>(n));
+    };
+    add(h, sizeof h);
+    add(net.params().data(), net.params().size_bytes());
+    for (const auto& [name, buf] : optimizer->state()) add(buf.data(), buf.size_bytes());
+    std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
+    backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
+    if (cmp[0] != -cmp[1]) {
+      SINEW_THROW(InternalError, "training state differs across ranks after synchronising from rank {}", root);
     }
-    return f;
+    return ms_since(t);
   }
 
-  /// Collective. Throws CheckpointError (same on every rank) if it could not be written.
+  // ---- learning-rate rescaling -----------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t step_batch(int world) const {
+    return cfg.global_batch > 0 ? cfg.global_batch : static_cast<std::size_t>(world) * cfg.batch_size;
+  }
+
+  [[nodiscard]] double lr_factor(std::int64_t s) const {
+    if (ramp_steps <= 0 || s >= ramp_start + ramp_steps) return factor_to;
+    const double a = static_cast<double>(s - ramp_start) / static_cast<double>(ramp_steps);
+    return factor_from + (factor_to - factor_from) * std::max(0.0, a);
+  }
+
+  /// The lr schedule runs on samples consumed (in steps of the reference global batch), so that a resize
+  /// neither stretches nor cuts it; the rescaling factor multiplies it.
+  [[nodiscard]] float current_lr() const {
+    const double consumed = static_cast<double>(sampler.epoch()) * static_cast<double>(data.train.size()) +
+                            static_cast<double>(sampler.cursor());
+    const auto pos = static_cast<std::int64_t>(consumed / base_batch);
+    return static_cast<float>(schedule->lr(pos) * lr_factor(step));
+  }
+
+  /// After every resize: the lr factor for the new global batch (--lr-scaling), reached at once when it
+  /// goes down and over --rescale-ramp-steps when it goes up. Local; logged as a `rescale` event.
+  void rescale(int from_world, const char* why) {
+    const int world = backend->size();
+    const double ratio = static_cast<double>(step_batch(world)) / base_batch;
+    double f = 1;
+    if (cfg.lr_scaling == "linear") f = ratio;
+    if (cfg.lr_scaling == "sqrt") f = std::sqrt(ratio);
+    const double now = lr_factor(step);
+    factor_from = now;
+    factor_to = f;
+    ramp_start = step;
+    ramp_steps = f > now ? cfg.rescale_ramp_steps : 0;
+    const std::size_t micro = static_cast<std::size_t>(world) * cfg.batch_size;
+    metrics.write({{"event", "rescale"},
+                   {"reason", why},
+                   {"step", step},
+                   {"from_world_size", from_world},
+                   {"world_size", world},
+                   {"lr_scaling", cfg.lr_scaling},
+                   {"global_batch", step_batch(world)},
+                   {"accumulation", (step_batch(world) + micro - 1) / micro},
+                   {"lr_factor_from", now},
+                   {"lr_factor_to", f},
+                   {"ramp_steps", ramp_steps}});
+    if (backend->rank() == 0 && from_world != world) {
+      spdlog::info("rescale ({}): {} -> {} ranks, global batch {}, lr factor {:.3g} -> {:.3g}{}", why,
+                   from_world, world, step_batch(world), now, f,
+                   ramp_steps > 0 ? fmt::format(" over {} steps", ramp_steps) : "");
+    }
+  }
+
+  // ---- checkpoints -----------------------------------------------------------------------------------
+
   /// Collective. Throws CheckpointError (same on every rank) if it could not be written. With
   /// --checkpoint-async only periodic checkpoints go to the background; a stop or the end is synchronous.
-  void save(std::int64_t step, const char* why, bool async) {
-    if (step == fault.step) writer->arm_fault(fault.phase, fault.rank);
+  void save(const char* why, bool async) {
+    if (step == ckpt_fault_step && ckpt_fault_phase != checkpoint::WritePhase::kNone)
+      writer->arm_fault(ckpt_fault_phase, backend->rank());
+    for (const auto& f : faults) {
+      if (f.phase == FaultPhase::kCheckpointWrite && f.rank == group.launch_rank() && f.step == step)
+        writer->arm_fault(checkpoint::WritePhase::kAfterShardData, backend->rank());
+    }
     if (async) {
-      if (writer->save_async(snapshot(step))) pending_reason = why;
+      if (writer->save_async(snapshot())) pending_reason = why;
       return;
     }
     if (auto r = writer->finish_async()) report(*r, pending_reason.c_str());
-    report(writer->save(snapshot(step)), why);
+    report(writer->save(snapshot()), why);
   }
 
   void report(const checkpoint::SaveResult& r, const char* why) {
@@ -195,24 +450,24 @@ struct Trainer::Impl {
 
   /// A failed checkpoint (e.g. a full disk) is reported and training goes on: the previous checkpoints
   /// stay valid. The run then ends with exit code 4 (see Summary::checkpoint_error).
-  void checkpoint_or_report(std::int64_t step, const char* why, Summary& sum, bool async = false) {
+  void checkpoint_or_report(const char* why, Summary& sum, bool async = false) {
     try {
-      save(step, why, async);
+      save(why, async);
     } catch (const CheckpointError& e) {
-      failed_checkpoint(step, why, e, sum);
+      failed_checkpoint(why, e, sum);
     }
   }
 
   /// Commits the asynchronous checkpoint in flight (collective; waits for the local write if needed).
-  void finish_checkpoint(std::int64_t step, Summary& sum) {
+  void finish_checkpoint(Summary& sum) {
     try {
       if (auto r = writer->finish_async()) report(*r, pending_reason.c_str());
     } catch (const CheckpointError& e) {
-      failed_checkpoint(step, pending_reason.c_str(), e, sum);
+      failed_checkpoint(pending_reason.c_str(), e, sum);
     }
   }
 
-  void failed_checkpoint(std::int64_t step, const char* why, const CheckpointError& e, Summary& sum) {
+  void failed_checkpoint(const char* why, const CheckpointError& e, Summary& sum) {
     sum.checkpoint_error = e.message();
     metrics.write({{"event", "checkpoint"}, {"step", step}, {"reason", why}, {"error", e.message()}});
     if (backend->rank() == 0)
@@ -262,7 +517,7 @@ struct Trainer::Impl {
                   why.empty() ? fmt::format("{}: another rank could not load it", path) : why);
     }
     resumed = true;
-    start_step = st.step;
+    step = st.step;
     metrics.write({{"event", "resume"},
                    {"path", path},
                    {"step", st.step},
@@ -313,7 +568,11 @@ struct Trainer::Impl {
     }
     optimizer->set_steps(st.optimizer_steps);
     sampler.set_position(st.epoch, st.cursor);
+    // A checkpoint at an epoch's end may precede that epoch's evaluation: evaluate it (again) after resuming.
+    last_eval_epoch = st.epoch - 1;
   }
+
+  // ---- evaluation ------------------------------------------------------------------------------------
 
   /// Test-set loss and accuracy; every rank evaluates a contiguous shard, the sums are reduced.
   std::pair<double, double> evaluate() {
@@ -342,142 +601,452 @@ struct Trainer::Impl {
     return {sums[0] / std::max(sums[2], 1.0), sums[1] / std::max(sums[2], 1.0)};
   }
 
-  Summary run() {
+  // ---- one step --------------------------------------------------------------------------------------
+
+  struct Window {
+    double loss = 0, step_ms = 0, comm_ms = 0;
+    std::int64_t steps = 0, samples = 0;
+    double total_step_ms = 0, total_comm_ms = 0;
+    std::int64_t total_steps = 0;
+    Clock::time_point last_progress = Clock::now();
+  };
+
+  /// Steps left at the current size: the rest of this epoch, then whole epochs (for progress and ETA).
+  [[nodiscard]] std::int64_t steps_remaining() const {
+    const auto g = static_cast<double>(step_batch(backend->size()));
+    const auto n = static_cast<double>(data.train.size());
+    const double rest = std::ceil(static_cast<double>(data.train.size() - sampler.cursor()) / g);
+    std::int64_t left = static_cast<std::int64_t>(rest) +
+                        static_cast<std::int64_t>(std::ceil(n / g)) *
+                            std::max<std::int64_t>(0, cfg.epochs - 1 - sampler.epoch());
+    if (cfg.max_steps > 0) left = std::min(left, cfg.max_steps - step);
+    return left;
+  }
+
+  /// One optimiser step: the step's samples (several micro-batches with --global-batch), forward,
+  /// backward with buckets reduced as they fill, the fused optimiser step; then the position advances.
+  void train_step(Summary& sum, Window& w) {
     const int rank = backend->rank(), world = backend->size();
+    const auto ts = Clock::now();
+    const std::size_t micro = static_cast<std::size_t>(world) * cfg.batch_size;
+    const std::size_t total = std::min(step_batch(world), data.train.size() - sampler.cursor());
+    const std::size_t k = (total + micro - 1) / micro;
+    const float lr = current_lr();
+    if (k > 1) accum.assign(net.num_params(), 0.f);
+    float local_loss = 0;
+    bool first_ready = true;
+    auto ready = [&](model::ParamRange r) {
+      if (k > 1) {
+        auto g = net.grads().subspan(r.offset, r.count);
+        const float* a = accum.data() + r.offset;
+        for (std::size_t i = 0; i < r.count; ++i) g[i] += a[i];
+      }
+      bucketer->mark_ready({r.offset, r.count});
+      if (first_ready) {
+        first_ready = false;
+        inject(FaultPhase::kAllreduce);  // the peers are now inside the gradient allreduce
+      }
+    };
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t offset = j * micro;
+      const auto batch = sampler.peek_range(rank, world, offset, std::min(micro, total - offset));
+      audit.record(generation, group.epoch(), step + 1, sampler.epoch(), batch.indices);
+      const bool last = j + 1 == k;
+      if (!batch.indices.empty()) {
+        if (j == 0) inject(FaultPhase::kForward);
+        const auto n = static_cast<Eigen::Index>(batch.indices.size());
+        x_.resize(data.train.dim(), n);
+        labels_.resize(batch.indices.size());
+        data.train.gather(batch.indices, x_.data(), labels_.data());
+        const Matrix& logits = net.forward(x_);
+        // Dividing by the step's global count makes the summed gradients the exact global mean.
+        local_loss += model::softmax_cross_entropy(logits, labels_, dlogits_, static_cast<double>(total));
+        if (j == 0) inject(FaultPhase::kBackward);
+        if (last) {
+          net.backward(dlogits_, ready);
+        } else {
+          net.backward(dlogits_);
+        }
+      } else {
+        // The epoch's last step can leave a rank without samples: it contributes zero gradients.
+        std::fill(net.grads().begin(), net.grads().end(), 0.f);
+        if (last)
+          for (const auto& r : net.grad_ready_order()) ready(r);
+      }
+      if (!last) {
+        const auto g = net.grads();
+        for (std::size_t i = 0; i < g.size(); ++i) accum[i] += g[i];
+      }
+    }
+    bucketer->finish();
+    inject(FaultPhase::kOptimizer);
+    optimizer->step(net.params(), net.grads(), lr);
+    sampler.advance(total);
+    ++step;
+    const double step_ms = ms_since(ts);
+    w.step_ms += step_ms;
+    w.comm_ms += bucketer->last_comm_ms();
+    w.total_step_ms += step_ms;
+    w.total_comm_ms += bucketer->last_comm_ms();
+    ++w.total_steps;
+    w.loss += local_loss;
+    w.samples += static_cast<std::int64_t>(total);
+    sum.samples += static_cast<std::int64_t>(total);
+    ++w.steps;
+    if (pending.active) {  // the first step after a recovery completed: the recovery is over
+      pending.active = false;
+      pending.event["first_step_ms"] = step_ms;
+      pending.event["total_ms"] = ms_since(pending.detected);
+      pending.event["step"] = step;
+      metrics.write(pending.event);
+      if (rank == 0) {
+        spdlog::info("recovered: first step done {:.1f} ms after the failure was detected",
+                     pending.event["total_ms"].get<double>());
+      }
+    }
+    const bool epoch_end = sampler.epoch_done();
+    if (step % cfg.log_every == 0 || epoch_end || (cfg.max_steps > 0 && step >= cfg.max_steps)) {
+      double agg[1] = {w.loss};  // each rank's loss share sums to the global mean loss
+      backend->allreduce_sync(comm::Buffer::of(std::span<double>(agg)), comm::ReduceOp::kSum, op);
+      const double mean_loss = agg[0] / static_cast<double>(w.steps);
+      sum.final_train_loss = mean_loss;
+      const double sps = static_cast<double>(w.samples) / (w.step_ms / 1e3);
+      metrics.write({{"step", step},
+                     {"epoch", sampler.epoch()},
+                     {"world_size", world},
+                     {"loss", mean_loss},
+                     {"lr", lr},
+                     {"samples_per_s", std::round(sps)},
+                     {"step_ms", w.step_ms / static_cast<double>(w.steps)},
+                     {"comm_ms", w.comm_ms / static_cast<double>(w.steps)},
+                     {"exposed_comm_ms", bucketer->last_exposed_ms()}});
+      if (rank == 0 && cfg.progress && seconds_since(w.last_progress) > 2.0) {
+        w.last_progress = Clock::now();
+        const std::int64_t left = steps_remaining();
+        const double eta = (w.total_step_ms / static_cast<double>(w.total_steps)) * static_cast<double>(left) / 1e3;
+        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {} ranks {:.0f} samples/s ETA {:.0f}s",
+                     sampler.epoch() + 1, cfg.epochs, step, step + left, mean_loss, lr, world, sps, eta);
+      }
+      w.loss = w.step_ms = w.comm_ms = 0;
+      w.steps = w.samples = 0;
+    }
+  }
+
+  // ---- control: signals, leave requests, job-server resizes, checkpoints ------------------------------
+
+  /// The size the group should have now: the job server's schedule, or after ranks left on request that
+  /// size, else --max-ranks (or the launch size).
+  [[nodiscard]] int target_size() const {
+    int t = cfg.max_ranks > 0 ? cfg.max_ranks : launch_world;
+    if (target_override > 0) t = target_override;
+    for (const auto& [at, size] : schedule_points)
+      if (step >= at) t = size;
+    return t;
+  }
+
+  enum class After { kContinue, kStop, kLeft };
+
+  After control(Summary& sum) {
+    const int rank = backend->rank(), world = backend->size();
+    const bool checkpoint_due = writer && cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
+    const bool resize_due = !schedule_points.empty() && target_size() != world;
+    if (step % kControlEvery != 0 && !checkpoint_due && !resize_due) return After::kContinue;
+    const auto tc = Clock::now();
+    // One small collective agrees on a stop signal (which may reach only some ranks), on leave requests,
+    // and on whether every rank's background checkpoint write is done.
+    std::vector<std::int64_t> control(2 + static_cast<std::size_t>(world), 0);
+    control[0] = g_stop_signal.load();
+    control[1] = writer && writer->async_in_flight() && !writer->async_done() ? 1 : 0;
+    control[2 + static_cast<std::size_t>(rank)] = g_leave_signal.load() != 0 ? 1 : 0;
+    backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(control)), comm::ReduceOp::kMax, op);
+    std::vector<bool> leaving(static_cast<std::size_t>(world), false);
+    int asked = 0;
+    for (int r = 0; r < world; ++r) {
+      leaving[static_cast<std::size_t>(r)] = control[2 + static_cast<std::size_t>(r)] != 0;
+      asked += leaving[static_cast<std::size_t>(r)] ? 1 : 0;
+    }
+    After next = After::kContinue;
+    if (control[0] != 0) {
+      next = After::kStop;
+      sum.stopped_by_signal = static_cast<int>(control[0]);
+      if (rank == 0) spdlog::warn("signal {} received: checkpointing at step {} and stopping", control[0], step);
+    }
+    if (writer && writer->async_in_flight() && (control[1] == 0 || asked > 0 || resize_due))
+      finish_checkpoint(sum);
+    if (writer && (next == After::kStop || checkpoint_due)) {
+      checkpoint_or_report(next == After::kStop ? "signal" : "periodic", sum,
+                           cfg.checkpoint_async && next != After::kStop && asked == 0 && !resize_due);
+    }
+    sum.checkpoint_ms += ms_since(tc);
+    if (next == After::kStop) return next;
+    if (asked > 0 && asked < world) {
+      target_override = world - asked;
+      if (leave(leaving, "requested")) return After::kLeft;
+    }
+    const int target = target_size();
+    if (target < backend->size()) {
+      std::vector<bool> extra(static_cast<std::size_t>(backend->size()), false);
+      for (int r = target; r < backend->size(); ++r) extra[static_cast<std::size_t>(r)] = true;
+      if (leave(extra, "job server")) return After::kLeft;
+    } else if (target > backend->size() && !schedule_points.empty()) {
+      grow_to(target, "job server");
+    }
+    return After::kContinue;
+  }
+
+  /// Collective: the members marked in `leaving` leave the group at this step boundary (not a failure);
+  /// the others continue over a new view. Returns true on a leaving rank.
+  bool leave(const std::vector<bool>& leaving, const char* why) {
+    const auto t = Clock::now();
+    const int from = backend->size();
+    const bool me = leaving[static_cast<std::size_t>(backend->rank())];
+    if (me) spdlog::info("leaving the group at step {} ({})", step, why);
+    disconnect_clean();
+    group.split_leave(me);
+    if (me) return true;
+    connect();
+    metrics.write({{"event", "shrink"},
+                   {"reason", "leave"},
+                   {"why", why},
+                   {"step", step},
+                   {"from_world_size", from},
+                   {"world_size", backend->size()},
+                   {"membership_epoch", group.epoch()},
+                   {"ms", ms_since(t)}});
+    rescale(from, "leave");
+    return false;
+  }
+
+  /// Drops the per-view objects without revoking (a planned change, every member agrees).
+  void disconnect_clean() {
+    bucketer.reset();
+    writer.reset();
+    backend.reset();
+  }
+
+  /// Collective: spawns members up to `target` (job server, or growing back after failures).
+  void grow_to(int target, const char* why) {
+    const int from = backend->size();
+    disconnect_clean();
+    const auto t = Clock::now();
+    inject(FaultPhase::kSpawn);
+    const auto rep = group.grow(target - from, membership::command_line());
+    const auto tc = Clock::now();
+    connect();
+    const double connect_ms = ms_since(tc);
+    const double sync_ms = synchronise();
+    metrics.write({{"event", "grow"},
+                   {"reason", why},
+                   {"step", step},
+                   {"from_world_size", from},
+                   {"world_size", backend->size()},
+                   {"membership_epoch", group.epoch()},
+                   {"spawn_ms", rep.spawn_ms},
+                   {"merge_ms", rep.merge_ms},
+                   {"rebuild_ms", connect_ms},
+                   {"sync_ms", sync_ms},
+                   {"ms", ms_since(t)}});
+    if (backend->rank() == 0) {
+      spdlog::info("grew from {} to {} ranks ({}): spawn {:.0f} ms, state sync {:.1f} ms", from, backend->size(),
+                   why, rep.spawn_ms, sync_ms);
+    }
+    rescale(from, "grow");
+  }
+
+  // ---- recovery --------------------------------------------------------------------------------------
+
+  /// In-place recovery after `e` (a failed or revoked collective): shrink to the survivors, grow back if
+  /// asked to, rebuild the backends, take the state of the most advanced survivor. Retried if members
+  /// fail meanwhile. Returns false if the group fell below --min-ranks (it then checkpointed).
+  bool recover(const CommFailure& e, Summary& sum, Window& w) {
+    const auto detected = Clock::now();
+    const double detected_unix = unix_now_s();
+    const int from = backend ? backend->size() : group.size();
+    const std::int64_t at_step = step;
+    ++sum.failures;
+    spdlog::warn("failure at step {}: {}; recovering in place", step + 1, e.message());
+    nlohmann::json ev = {{"event", "failure"},
+                         {"step", at_step},
+                         {"error", e.message()},
+                         {"from_world_size", from},
+                         {"detected_unix_time", detected_unix}};
+    MPI_Comm failed = backend ? backend->comm() : MPI_COMM_NULL;
+    double revoke_ms = 0, shrink_ms = 0, agree_ms = 0, spawn_ms = 0, rebuild_ms = 0, sync_ms = 0;
+    int attempts = 0, lost = 0;
+    for (;;) {
+      try {
+        const auto rep = group.shrink(failed, [this](int) { inject(FaultPhase::kRecovery); });
+        // The revoke made every collective on the old view return: the communication thread is free.
+        bucketer.reset();
+        writer.reset();
+        backend.reset();
+        failed = MPI_COMM_NULL;
+        revoke_ms += rep.revoke_ms;
+        shrink_ms += rep.shrink_ms;
+        agree_ms += rep.agree_ms;
+        attempts += rep.attempts;
+        lost += rep.lost;
+        auto t = Clock::now();
+        connect();
+        rebuild_ms = ms_since(t);
+        sync_ms = synchronise();
+        // Every survivor now holds the same position, hence the same target.
+        if (cfg.grow && target_size() > backend->size()) {
+          const auto tg = Clock::now();
+          grow_to(target_size(), "replace failed ranks");
+          spawn_ms += ms_since(tg);
+        }
+        break;
+      } catch (const CommFailure& again) {
+        spdlog::warn("another failure during recovery: {}; recovering again", again.message());
+        if (backend) failed = backend->comm();
+        disconnect();
+        if (!backend) failed = MPI_COMM_NULL;
+      }
+    }
+    ev["world_size"] = backend->size();
+    ev["lost"] = lost;
+    ev["attempts"] = attempts;
+    ev["membership_epoch"] = group.epoch();
+    ev["revoke_ms"] = revoke_ms;
+    ev["shrink_ms"] = shrink_ms;
+    ev["agree_ms"] = agree_ms;
+    ev["spawn_ms"] = spawn_ms;
+    ev["rebuild_ms"] = rebuild_ms;
+    ev["sync_ms"] = sync_ms;
+    ev["resumed_step"] = step;
+    ev["role"] = membership::role_name(group.role());
+    metrics.write(ev);
+    metrics.write({{"event", "shrink"},
+                   {"reason", "failure"},
+                   {"step", step},
+                   {"from_world_size", from},
+                   {"world_size", from - lost},
+                   {"membership_epoch", group.epoch()}});
+    if (backend->rank() == 0) {
+      spdlog::warn(
+          "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, rebuild "
+          "{:.1f} ms, state sync {:.1f} ms); continuing at step {}",
+          from, backend->size(), spawn_ms > 0 ? fmt::format(" after spawning (spawn {:.0f} ms)", spawn_ms) : "",
+          revoke_ms, shrink_ms, agree_ms, rebuild_ms, sync_ms, step + 1);
+    }
+    w.loss = w.step_ms = w.comm_ms = 0;  // the window's partial sums included the lost step
+    w.steps = w.samples = 0;
+    pending.active = true;
+    pending.detected = detected;
+    pending.event = {{"event", "recovered"}, {"world_size", backend->size()}, {"membership_epoch", group.epoch()}};
+    rescale(from, "failure");
+    if (backend->size() < cfg.min_ranks) {
+      sum.below_min_ranks = true;
+      if (backend->rank() == 0) {
+        spdlog::error("only {} ranks left, below --min-ranks {}: checkpointing step {} and stopping", backend->size(),
+                      cfg.min_ranks, step);
+      }
+      if (writer) checkpoint_or_report("min-ranks", sum);
+      return false;
+    }
+    return true;
+  }
+
+  // ---- the loop --------------------------------------------------------------------------------------
+
+  /// Trains until the end (or a stop); resumable: after a recovery it continues from the synchronised
+  /// position. Throws CommFailure on a failure.
+  After train_loop(Summary& sum, Window& w) {
+    for (;;) {
+      if (sampler.epoch_done()) {
+        if (last_eval_epoch < sampler.epoch()) {
+          const auto [test_loss, test_acc] = evaluate();
+          last_eval_epoch = sampler.epoch();
+          sum.test_accuracy = test_acc;
+          sum.test_loss = test_loss;
+          sum.epochs = static_cast<int>(sampler.epoch()) + 1;
+          metrics.write({{"event", "eval"},
+                         {"epoch", sampler.epoch()},
+                         {"step", step},
+                         {"world_size", backend->size()},
+                         {"test_accuracy", test_acc},
+                         {"test_loss", test_loss}});
+          if (backend->rank() == 0) {
+            spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1, 100 * test_acc,
+                         test_loss);
+          }
+        }
+        if (sampler.epoch() + 1 >= cfg.epochs || (cfg.max_steps > 0 && step >= cfg.max_steps)) break;
+        sampler.start_epoch(sampler.epoch() + 1);
+        continue;
+      }
+      if (cfg.max_steps > 0 && step >= cfg.max_steps) {
+        // Stopped inside an epoch: evaluate what was trained.
+        const auto [test_loss, test_acc] = evaluate();
+        sum.test_accuracy = test_acc;
+        sum.test_loss = test_loss;
+        sum.epochs = static_cast<int>(sampler.epoch()) + 1;
+        metrics.write({{"event", "eval"},
+                       {"epoch", sampler.epoch()},
+                       {"step", step},
+                       {"world_size", backend->size()},
+                       {"test_accuracy", test_acc},
+                       {"test_loss", test_loss}});
+        break;
+      }
+      train_step(sum, w);
+      const After a = control(sum);
+      if (a != After::kContinue) return a;
+    }
+    if (writer) checkpoint_or_report("end", sum);
+    return After::kContinue;
+  }
+
+  Summary run() {
     Summary sum;
     const auto t0 = Clock::now();
-    auto last_progress = t0;
-    Matrix x, dlogits;
-    std::vector<std::int32_t> labels;
-    std::int64_t step = start_step;
-    double window_loss = 0, window_step_ms = 0, window_comm_ms = 0, total_step_ms = 0, total_comm_ms = 0;
-    std::int64_t window_steps = 0, window_samples = 0;
-    if (rank == 0) {
+    Window w;
+    if (backend->rank() == 0 && group.role() == membership::Role::kInitial) {
       spdlog::info(
           "training {} ({} parameters) on {} ({} train / {} test samples), {} ranks x batch {}, {} steps",
-          cfg.model, net.num_params(), cfg.dataset, data.train.size(), data.test.size(), world,
-          cfg.batch_size, total_steps);
+          cfg.model, net.num_params(), cfg.dataset, data.train.size(), data.test.size(), backend->size(),
+          cfg.batch_size, step + steps_remaining());
       metrics.write({{"event", "start"},
-                     {"world_size", world},
+                     {"world_size", backend->size()},
                      {"model", cfg.model},
                      {"dataset", cfg.dataset},
                      {"params", net.num_params()},
                      {"batch_size", cfg.batch_size},
-                     {"steps", total_steps},
+                     {"global_batch", step_batch(backend->size())},
+                     {"steps", step + steps_remaining()},
                      {"buckets", bucketer->num_buckets()},
+                     {"elastic", cfg.elastic},
                      {"mpi", mpi::library_version()},
                      {"ulfm", mpi::ulfm_enabled()}});
     }
-    const int first_epoch = resumed ? static_cast<int>(sampler.epoch()) : 0;
-    bool stop = false;
-    for (int epoch = first_epoch; epoch < cfg.epochs && step < total_steps && !stop; ++epoch) {
-      if (!(resumed && epoch == first_epoch)) sampler.start_epoch(epoch);
-      while (!sampler.epoch_done() && step < total_steps && !stop) {
-        const auto ts = Clock::now();
-        const auto batch = sampler.peek(rank, world, cfg.batch_size);
-        const auto n = static_cast<Eigen::Index>(batch.indices.size());
-        const float lr = schedule->lr(step);
-        float local_loss = 0;
-        auto ready = [this](model::ParamRange r) { bucketer->mark_ready({r.offset, r.count}); };
-        if (n > 0) {
-          x.resize(data.train.dim(), n);
-          labels.resize(batch.indices.size());
-          data.train.gather(batch.indices, x.data(), labels.data());
-          const Matrix& logits = net.forward(x);
-          // Dividing by the global count makes the summed gradients the exact global mean.
-          local_loss =
-              model::softmax_cross_entropy(logits, labels, dlogits, static_cast<double>(batch.global_count));
-          net.backward(dlogits, ready);
-        } else {
-          // The epoch's last step can leave a rank without samples: it contributes zero gradients.
-          std::fill(net.grads().begin(), net.grads().end(), 0.f);
-          for (const auto& r : net.grad_ready_order()) ready(r);
+    const bool inplace = cfg.elastic == "inplace" && mpi::ulfm_enabled();
+    After end = After::kContinue;
+    for (;;) {
+      try {
+        end = train_loop(sum, w);
+        if (end == After::kStop && writer && writer->async_in_flight()) finish_checkpoint(sum);
+        break;
+      } catch (const CommFailure& e) {
+        if (!inplace) {
+          if (cfg.elastic == "off") throw;
+          // Restart mode (asked for, or no usable ULFM): the supervisor relaunches from the checkpoint.
+          SINEW_THROW(RelaunchRequest, "{}; exiting for a relaunch from the latest checkpoint (--elastic {})",
+                      e.message(), cfg.elastic);
         }
-        bucketer->finish();
-        optimizer->step(net.params(), net.grads(), lr);
-        sampler.advance(batch.global_count);
-        ++step;
-        const double step_ms = seconds_since(ts) * 1e3;
-        window_step_ms += step_ms;
-        window_comm_ms += bucketer->last_comm_ms();
-        total_step_ms += step_ms;
-        total_comm_ms += bucketer->last_comm_ms();
-        window_loss += local_loss;
-        window_samples += static_cast<std::int64_t>(batch.global_count);
-        sum.samples += static_cast<std::int64_t>(batch.global_count);
-        ++window_steps;
-        if (step % cfg.log_every == 0 || step == total_steps || sampler.epoch_done()) {
-          double agg[1] = {window_loss};  // each rank's loss share sums to the global mean loss
-          backend->allreduce_sync(comm::Buffer::of(std::span<double>(agg)), comm::ReduceOp::kSum, op);
-          const double mean_loss = agg[0] / static_cast<double>(window_steps);
-          sum.final_train_loss = mean_loss;
-          const double sps = static_cast<double>(window_samples) / (window_step_ms / 1e3);
-          metrics.write({{"step", step},
-                         {"epoch", epoch},
-                         {"world_size", world},
-                         {"loss", mean_loss},
-                         {"lr", lr},
-                         {"samples_per_s", std::round(sps)},
-                         {"step_ms", window_step_ms / static_cast<double>(window_steps)},
-                         {"comm_ms", window_comm_ms / static_cast<double>(window_steps)},
-                         {"exposed_comm_ms", bucketer->last_exposed_ms()}});
-          if (rank == 0 && cfg.progress && (seconds_since(last_progress) > 2.0 || step == total_steps)) {
-            last_progress = Clock::now();
-            const double eta =
-                (total_step_ms / static_cast<double>(step)) * static_cast<double>(total_steps - step) / 1e3;
-            spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {:.0f} samples/s ETA {:.0f}s",
-                         epoch + 1, cfg.epochs, step, total_steps, mean_loss, lr, sps, eta);
-          }
-          window_loss = window_step_ms = window_comm_ms = 0;
-          window_steps = window_samples = 0;
-        }
-        const bool checkpoint_due = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
-        if (writer && (step % kControlEvery == 0 || checkpoint_due)) {
-          const auto tc = Clock::now();
-          // One small collective agrees on a stop signal (which may reach only some ranks) and on whether
-          // every rank's background checkpoint write is done. Every kControlEvery steps, so a signal is
-          // acted on within that many steps.
-          std::int64_t control[2] = {g_stop_signal.load(),
-                                     writer->async_in_flight() && !writer->async_done() ? 1 : 0};
-          backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(control)), comm::ReduceOp::kMax,
-                                  op);
-          if (control[0] != 0) {
-            stop = true;
-            sum.stopped_by_signal = static_cast<int>(control[0]);
-            if (rank == 0) {
-              spdlog::warn("signal {} received: checkpointing at step {} and stopping", control[0], step);
-            }
-          }
-          if (writer->async_in_flight() && control[1] == 0) finish_checkpoint(step, sum);
-          if (stop || checkpoint_due) {
-            checkpoint_or_report(step, stop ? "signal" : "periodic", sum, cfg.checkpoint_async && !stop);
-          }
-          sum.checkpoint_ms += seconds_since(tc) * 1e3;
-        }
-      }
-      if (stop) break;
-      const auto [test_loss, test_acc] = evaluate();
-      sum.test_accuracy = test_acc;
-      sum.test_loss = test_loss;
-      sum.epochs = epoch + 1;
-      metrics.write({{"event", "eval"},
-                     {"epoch", epoch},
-                     {"step", step},
-                     {"world_size", world},
-                     {"test_accuracy", test_acc},
-                     {"test_loss", test_loss}});
-      if (rank == 0) {
-        spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", epoch + 1, 100 * test_acc,
-                     test_loss);
+        if (!recover(e, sum, w)) break;
       }
     }
-    if (writer && !stop) checkpoint_or_report(step, "end", sum);
-    if (writer && writer->async_in_flight()) finish_checkpoint(step, sum);  // e.g. after a stop
+    if (end == After::kLeft) {
+      sum.left = true;
+      return sum;
+    }
     sum.steps = step;
+    sum.world_size = backend->size();
     sum.wall_s = seconds_since(t0);
-    sum.mean_step_ms = step > 0 ? total_step_ms / static_cast<double>(step) : 0;
-    sum.mean_comm_ms = step > 0 ? total_comm_ms / static_cast<double>(step) : 0;
-    sum.samples_per_s = static_cast<double>(sum.samples) / (total_step_ms / 1e3);
+    sum.mean_step_ms = w.total_steps > 0 ? w.total_step_ms / static_cast<double>(w.total_steps) : 0;
+    sum.mean_comm_ms = w.total_steps > 0 ? w.total_comm_ms / static_cast<double>(w.total_steps) : 0;
+    sum.samples_per_s = static_cast<double>(sum.samples) / (w.total_step_ms / 1e3);
     metrics.write({{"event", "done"},
                    {"test_accuracy", sum.test_accuracy},
                    {"test_loss", sum.test_loss},
@@ -485,21 +1054,29 @@ struct Trainer::Impl {
                    {"steps", sum.steps},
                    {"epochs", sum.epochs},
                    {"samples", sum.samples},
-                   {"world_size", world},
+                   {"world_size", sum.world_size},
+                   {"failures", sum.failures},
                    {"wall_s", sum.wall_s},
                    {"step_ms", sum.mean_step_ms},
                    {"comm_ms", sum.mean_comm_ms},
                    {"samples_per_s", std::round(sum.samples_per_s)},
                    {"stopped_by_signal", sum.stopped_by_signal},
+                   {"below_min_ranks", sum.below_min_ranks},
                    {"checkpoint_error", sum.checkpoint_error}});
     return sum;
   }
+
+  Matrix x_, dlogits_;
+  std::vector<std::int32_t> labels_;
 };
 
 Trainer::Trainer(Config config, const mpi::Communicator& comm)
-    : impl_(std::make_unique<Impl>(std::move(config), comm)) {}
+    : impl_(std::make_unique<Impl>(std::move(config), membership::Group::over(comm))) {}
+Trainer::Trainer(Config config, membership::Group group)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(group))) {}
 Trainer::~Trainer() = default;
 Summary Trainer::run() { return impl_->run(); }
 const model::Model& Trainer::model() const { return impl_->net; }
+int Trainer::rank() const { return impl_->group.rank(); }
 
 }  // namespace sinew::train

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "sinew/membership/group.hpp"
 #include "sinew/mpi/communicator.hpp"
 #include "sinew/train/config.hpp"
 
@@ -30,6 +31,10 @@ struct Summary {
   double checkpoint_ms = 0;      ///< main-thread time spent on periodic checkpoints (not in step times)
   int stopped_by_signal = 0;     ///< SIGUSR1/SIGTERM stopped the run after a checkpoint (exit code 75)
   std::string checkpoint_error;  ///< last checkpoint failure, if any (the run then exits with code 4)
+  int failures = 0;              ///< recoveries from failed ranks this process lived through
+  int world_size = 0;            ///< the group's size at the end
+  bool left = false;             ///< this rank left the group on request (job server, SIGUSR2): exit 0
+  bool below_min_ranks = false;  ///< the group fell below --min-ranks: checkpointed and stopped (exit 75)
 };
 
 class Trainer {
@@ -38,6 +43,9 @@ class Trainer {
   /// resumes from a checkpoint if --resume asks for one. Throws InvalidArgument (bad configuration),
   /// DataError (bad data), CheckpointError (the requested checkpoint cannot be used).
   Trainer(Config config, const mpi::Communicator& comm);
+  /// The same over a group (membership::Group::attach() in sinew-train): a process spawned to replace
+  /// failed ranks takes its whole state from its peers' memory instead of loading or initialising it.
+  Trainer(Config config, membership::Group group);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
@@ -46,6 +54,8 @@ class Trainer {
   Summary run();
 
   [[nodiscard]] const model::Model& model() const;
+  /// This process's rank in the current view (it changes when the group does).
+  [[nodiscard]] int rank() const;
 
  private:
   struct Impl;

@@ -1,0 +1,181 @@
+#include "sinew/membership/group.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <array>
+#include <climits>
+
+#include "sinew/config.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/timer.hpp"
+#include "sinew/mpi/check.hpp"
+#include "sinew/mpi/environment.hpp"
+#if SINEW_HAVE_ULFM
+#include <mpi-ext.h>
+#endif
+
+namespace sinew::membership {
+
+namespace {
+SpawnCommand g_command;  // written once by main() before any thread starts
+
+double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
+}  // namespace
+
+const char* role_name(Role r) noexcept {
+  switch (r) {
+    case Role::kInitial:
+      return "initial";
+    case Role::kSurvivor:
+      return "survivor";
+    case Role::kRecovered:
+      return "recovered";
+  }
+  return "?";
+}
+
+void set_command_line(int argc, const char* const* argv) {
+  // The absolute path of this executable, so that spawned members start the same program whatever the
+  // working directory of the launcher's daemons.
+  std::array<char, PATH_MAX> exe{};
+  const ssize_t n = ::readlink("/proc/self/exe", exe.data(), exe.size() - 1);
+  g_command.program = n > 0 ? std::string(exe.data(), static_cast<std::size_t>(n))
+                            : std::string(argc > 0 ? argv[0] : "");
+  g_command.args.assign(argv + (argc > 0 ? 1 : 0), argv + argc);
+}
+
+const SpawnCommand& command_line() { return g_command; }
+
+Group::Group(mpi::Communicator comm, std::uint64_t epoch, Role role, int launch_rank)
+    : epoch_(epoch), role_(role), launch_rank_(launch_rank) {
+  adopt(std::move(comm));
+}
+
+void Group::adopt(mpi::Communicator comm) {
+  comm_ = std::move(comm);
+  rank_ = comm_.rank();
+  size_ = comm_.size();
+}
+
+Group Group::attach() {
+  MPI_Comm parent = MPI_COMM_NULL;
+  SINEW_MPI(MPI_Comm_get_parent(&parent));
+  if (parent == MPI_COMM_NULL) {
+    const auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
+    const int rank = world.rank();
+    return Group(world.dup(), 0, Role::kInitial, rank);
+  }
+  // Spawned by grow(): merge with the parents (they come first), then learn the view's epoch.
+  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+  MPI_Comm merged = MPI_COMM_NULL;
+  SINEW_MPI(MPI_Intercomm_merge(parent, /*high=*/1, &merged));
+  mpi::Communicator comm(merged);
+  std::uint64_t epoch = 0;
+  SINEW_MPI(MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, comm.get()));
+  MPI_Comm_free(&parent);
+  return Group(std::move(comm), epoch, Role::kRecovered, -1);
+}
+
+Group Group::over(const mpi::Communicator& comm) {
+  const int rank = comm.rank();
+  return Group(comm.dup(), 0, Role::kInitial, rank);
+}
+
+ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
+#if SINEW_HAVE_ULFM
+  if (!mpi::ulfm_enabled()) {
+    SINEW_THROW(CommFailure, "a member of the group failed and this MPI job has no ULFM (run under Open MPI 5 "
+                             "with `mpirun --with-ft ulfm`, or use --elastic restart)");
+  }
+  ShrinkReport rep;
+  const int before = size_;
+  for (;;) {
+    ++rep.attempts;
+    if (hook) hook(rep.attempts);
+    auto t = Clock::now();
+    if (failed != MPI_COMM_NULL) MPIX_Comm_revoke(failed);
+    MPIX_Comm_revoke(comm_.get());
+    rep.revoke_ms += ms_since(t);
+    t = Clock::now();
+    MPI_Comm next = MPI_COMM_NULL;
+    const int rc = MPIX_Comm_shrink(comm_.get(), &next);
+    rep.shrink_ms += ms_since(t);
+    if (rc != MPI_SUCCESS) {
+      // Shrink itself is fault tolerant; an error here is not a failure it can work around.
+      SINEW_THROW(CommFailure, "MPIX_Comm_shrink failed: {}", mpi::error_string(rc));
+    }
+    comm_.destroy();
+    adopt(mpi::Communicator(next));
+    ++epoch_;
+    failed = MPI_COMM_NULL;
+    t = Clock::now();
+    int flag = 1;
+    const int arc = MPIX_Comm_agree(comm_.get(), &flag);
+    rep.agree_ms += ms_since(t);
+    if (arc == MPI_SUCCESS) break;
+    // A member of the shrunk view died before the agreement: acknowledge and shrink again.
+    spdlog::warn("a member failed during recovery (attempt {}): {}; recovering again", rep.attempts,
+                 mpi::error_string(arc));
+    MPIX_Comm_failure_ack(comm_.get());
+  }
+  rep.lost = before - size_;
+  role_ = role_ == Role::kRecovered ? Role::kRecovered : Role::kSurvivor;
+  return rep;
+#else
+  (void)failed;
+  (void)hook;
+  SINEW_THROW(CommFailure,
+              "a member of the group failed and this MPI has no ULFM (Sinew was built against an MPI "
+              "without MPIX_Comm_shrink); use --elastic restart");
+#endif
+}
+
+GrowReport Group::grow(int n, const SpawnCommand& cmd) {
+  GrowReport rep;
+  if (n <= 0) return rep;
+  std::vector<char*> argv;
+  for (const auto& a : cmd.args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<int> errcodes(static_cast<std::size_t>(n), MPI_SUCCESS);
+  auto t = Clock::now();
+  MPI_Comm inter = MPI_COMM_NULL;
+  SINEW_MPI(MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, MPI_INFO_NULL, 0, comm_.get(), &inter,
+                           errcodes.data()));
+  for (int e : errcodes) {
+    if (e != MPI_SUCCESS) SINEW_THROW(CommFailure, "MPI_Comm_spawn: {}", mpi::error_string(e));
+  }
+  rep.spawn_ms = ms_since(t);
+  t = Clock::now();
+  MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+  MPI_Comm merged = MPI_COMM_NULL;
+  const int rc = MPI_Intercomm_merge(inter, /*high=*/0, &merged);
+  MPI_Comm_free(&inter);
+  mpi::check(rc, "MPI_Intercomm_merge");
+  mpi::Communicator next(merged);
+  std::uint64_t epoch = epoch_ + 1;
+  SINEW_MPI(MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, next.get()));
+  rep.merge_ms = ms_since(t);
+  comm_.destroy();
+  adopt(std::move(next));
+  epoch_ = epoch;
+  rep.added = n;
+  if (role_ == Role::kInitial) role_ = Role::kSurvivor;
+  return rep;
+}
+
+void Group::split_leave(bool leaving) {
+  MPI_Comm next = MPI_COMM_NULL;
+  SINEW_MPI(MPI_Comm_split(comm_.get(), leaving ? MPI_UNDEFINED : 0, rank_, &next));
+  comm_.destroy();
+  ++epoch_;
+  if (leaving) {
+    rank_ = -1;
+    size_ = 0;
+    return;
+  }
+  adopt(mpi::Communicator(next));
+  if (role_ == Role::kInitial) role_ = Role::kSurvivor;
+}
+
+}  // namespace sinew::membership

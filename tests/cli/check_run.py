@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Checks the metrics (JSON Lines) of an elastic sinew-train run: it finished, saw the expected events,
+and reached a test accuracy within a tolerance of a reference run. Prints what it found; exit 1 if not.
+
+usage: check_run.py METRICS [--failures N] [--event NAME[:COUNT]]... [--reference FILE --tolerance PTS]
+       [--final-world-size N] [--write-reference FILE]
+"""
+import argparse
+import json
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("metrics")
+    ap.add_argument("--failures", type=int, help="exactly this many failure events")
+    ap.add_argument("--event", action="append", default=[], help="NAME or NAME:MIN_COUNT that must appear")
+    ap.add_argument("--reference", help="a file with the failure-free run's test accuracy")
+    ap.add_argument("--tolerance", type=float, default=3.0, help="accuracy points allowed below the reference")
+    ap.add_argument("--final-world-size", type=int)
+    ap.add_argument("--write-reference", help="write this run's test accuracy here")
+    a = ap.parse_args()
+
+    lines = []
+    with open(a.metrics) as f:
+        for raw in f:
+            raw = raw.strip()
+            if raw:
+                lines.append(json.loads(raw))
+    events = [l for l in lines if "event" in l]
+    counts = {}
+    for e in events:
+        counts[e["event"]] = counts.get(e["event"], 0) + 1
+    print("events:", ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
+    problems = []
+    done = [e for e in events if e["event"] == "done"]
+    if not done:
+        problems.append("no 'done' event: the run did not finish")
+    else:
+        d = done[-1]
+        print(f"done: test accuracy {100 * d['test_accuracy']:.2f}%, {d['steps']} steps, world size "
+              f"{d['world_size']}, failures seen by rank 0: {d.get('failures')}")
+        if a.final_world_size is not None and d["world_size"] != a.final_world_size:
+            problems.append(f"final world size {d['world_size']}, expected {a.final_world_size}")
+        if a.reference:
+            ref = float(open(a.reference).read().strip())
+            gap = 100 * (ref - d["test_accuracy"])
+            print(f"reference accuracy {100 * ref:.2f}%, this run {gap:+.2f} points below (tolerance {a.tolerance})")
+            if gap > a.tolerance:
+                problems.append(f"test accuracy {100 * d['test_accuracy']:.2f}% is {gap:.2f} points below the "
+                                f"failure-free {100 * ref:.2f}% (tolerance {a.tolerance})")
+        if a.write_reference:
+            with open(a.write_reference, "w") as f:
+                f.write(f"{d['test_accuracy']}\n")
+    if a.failures is not None and counts.get("failure", 0) != a.failures:
+        problems.append(f"{counts.get('failure', 0)} failure events, expected {a.failures}")
+    for spec in a.event:
+        name, _, n = spec.partition(":")
+        need = int(n) if n else 1
+        if counts.get(name, 0) < need:
+            problems.append(f"{counts.get(name, 0)} '{name}' events, expected at least {need}")
+    for e in events:
+        if e["event"] in ("failure", "recovered"):
+            print("  " + json.dumps({k: v for k, v in e.items() if k not in ("time", "unix_time")}))
+    for p in problems:
+        print("check_run: FAILED:", p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# In-place fault tolerance and elasticity, as scenarios with real processes under Open MPI with ULFM.
+# Each scenario runs a short Fashion-MNIST training at 4 ranks with ranks killed at named phases (or from
+# outside), and asserts: exit 0, the expected events in the metrics, test accuracy within TOLERANCE points
+# of the failure-free reference run, and the exactly-once audit of every sample used.
+#
+# Usage: elastic_scenarios.sh SCENARIO WORKDIR SINEW_TRAIN MPIEXEC [MPIEXEC_FLAGS...]
+#   SCENARIO: reference (the failure-free run; writes WORKDIR/reference) or one of the names below.
+set -u
+scenario=$1
+workdir=$2
+train=$3
+shift 3
+mpiexec=("$@")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+tolerance=3.0
+n=4
+limit=8192
+epochs=2
+
+mkdir -p "$workdir"
+d=$(mktemp -d "$workdir/$scenario.XXXXXX")
+trap 'rm -rf "$d"' EXIT
+
+common=(--dataset fashion-mnist --limit-train $limit --limit-test 2000 --model mlp:64 --epochs $epochs
+        --batch-size 32 --lr 0.05 --progress false --log-every 5 --timeout-ms 30000
+        --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --checkpoint-dir "$d/ckpt" --checkpoint-every 25)
+
+# run DEADLINE_S [sinew-train options...]: the job, with a deadline so that a hang fails the scenario.
+run() {
+  local deadline=$1
+  shift
+  timeout -k 5 "$deadline" "${mpiexec[@]}" -n $n "$train" "${common[@]}" "$@" >"$d/out.txt" 2>&1
+}
+
+# check [check_run.py options...]: exit status, events, accuracy, audit.
+check() {
+  local rc=$1
+  shift
+  local ok=1
+  if [ "$rc" -ne 0 ]; then echo "FAIL $scenario: exit $rc (expected 0)"; ok=0; fi
+  if ! python3 "$here/check_run.py" "$d/metrics.jsonl" --reference "$workdir/reference" --tolerance $tolerance "$@"; then
+    ok=0
+  fi
+  if ! python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size $limit --epochs $epochs; then ok=0; fi
+  if [ $ok -ne 1 ]; then
+    echo "---- last lines of the job's output ----"
+    tail -n 40 "$d/out.txt"
+    exit 1
+  fi
+  echo "ok   $scenario"
+}
+
+# The pid of the process with launch rank R of this scenario's job (found through its environment).
+pid_of_rank() {
+  local r=$1 p
+  for p in $(pgrep -f -- "--audit-dir $d/audit"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$r"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# Waits until the metrics show step >= S (or gives up after 60 s).
+wait_for_step() {
+  local s=$1 i
+  for i in $(seq 600); do
+    if [ -f "$d/metrics.jsonl" ] && python3 - "$d/metrics.jsonl" "$s" <<'EOF'; then return 0; fi
+import json, sys
+steps = [json.loads(l).get("step", 0) for l in open(sys.argv[1]) if l.strip() and "loss" in l]
+sys.exit(0 if steps and max(steps) >= int(sys.argv[2]) else 1)
+EOF
+    sleep 0.1
+  done
+  return 1
+}
+
+case "$scenario" in
+  reference)
+    run 120 --grow false
+    rc=$?
+    [ $rc -eq 0 ] || { echo "FAIL reference run: exit $rc"; tail -n 40 "$d/out.txt"; exit 1; }
+    python3 "$here/check_run.py" "$d/metrics.jsonl" --failures 0 --write-reference "$workdir/reference" || exit 1
+    python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size $limit --epochs $epochs || exit 1
+    echo "ok   reference"
+    ;;
+  forward | backward | allreduce | optimizer)
+    run 120 --grow false --inject-fault "2:$scenario:30"
+    check $? --failures 1 --event shrink --event rescale --event recovered --final-world-size 3
+    ;;
+  checkpoint-write)
+    run 120 --grow false --inject-fault "1:checkpoint-write:50"
+    check $? --failures 1 --event recovered --final-world-size 3
+    ;;
+  rank0)
+    run 120 --grow false --inject-fault "0:allreduce:40"
+    check $? --failures 1 --event recovered --final-world-size 3
+    ;;
+  two-failures)
+    run 120 --grow false --inject-fault "1:forward:20" --inject-fault "3:allreduce:70"
+    check $? --failures 2 --event recovered:2 --final-world-size 2
+    ;;
+  during-recovery)
+    run 120 --grow false --inject-fault "1:forward:20" --inject-fault "2:recovery:20"
+    check $? --failures 1 --event recovered --final-world-size 2
+    ;;
+  grow)
+    run 150 --inject-fault "3:backward:30"
+    check $? --failures 1 --event grow --event recovered --final-world-size 4
+    ;;
+  during-spawn)
+    run 150 --inject-fault "3:backward:30" --inject-fault "1:spawn:30"
+    check $? --event grow --event recovered --final-world-size 4
+    ;;
+  kill9)
+    run 120 --grow false &
+    job=$!
+    wait_for_step 30 && p=$(pid_of_rank 1) && kill -9 "$p"
+    wait $job
+    check $? --failures 1 --event recovered --final-world-size 3
+    ;;
+  sigstop)
+    run 150 --grow false --timeout-ms 4000 &
+    job=$!
+    wait_for_step 30 && p=$(pid_of_rank 2) && kill -STOP "$p"
+    wait $job
+    rc=$?
+    [ -n "${p:-}" ] && kill -9 "$p" 2>/dev/null
+    check $rc --failures 1 --event recovered --final-world-size 3
+    ;;
+  *)
+    echo "unknown scenario '$scenario'" >&2
+    exit 2
+    ;;
+esac
