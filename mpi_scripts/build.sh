@@ -18,4 +18,7 @@ cmake "${cmake_args[@]}" "$@" >"$SINEW_BUILD_DIR/configure.log" 2>&1 || {
 }
 grep -E "^-- Sinew:" "$SINEW_BUILD_DIR/configure.log" | sed 's/^-- /[sinew-build] /'
 echo "[sinew-build] compiling with $(nproc) jobs"
-cmake --build "$SINEW_BUILD_DIR" -j "$(nproc)"
+# SINEW_BUILD_TARGETS: only these targets (e.g. "sinew-train" for the restart-mode tree of test.sh).
+targets=()
+for t in ${SINEW_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$SINEW_BUILD_DIR" -j "$(nproc)" "${targets[@]}"

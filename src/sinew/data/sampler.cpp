@@ -51,8 +51,9 @@ DistributedSampler::Batch DistributedSampler::peek_range(int rank, int world_siz
   if (rank < 0 || rank >= world_size)
     SINEW_THROW(InvalidArgument, "sampler: rank {} out of range for world size {}", rank, world_size);
   if (offset > perm_.size() - cursor_ || global > perm_.size() - cursor_ - offset) {
-    SINEW_THROW(InvalidArgument, "sampler: samples [{}, {}) past the cursor are beyond epoch {}'s end ({} left)",
-                offset, offset + global, epoch_, perm_.size() - cursor_);
+    SINEW_THROW(InvalidArgument,
+                "sampler: samples [{}, {}) past the cursor are beyond epoch {}'s end ({} left)", offset,
+                offset + global, epoch_, perm_.size() - cursor_);
   }
   const auto w = static_cast<std::size_t>(world_size);
   const auto r = static_cast<std::size_t>(rank);

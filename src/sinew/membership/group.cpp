@@ -40,8 +40,8 @@ void set_command_line(int argc, const char* const* argv) {
   // working directory of the launcher's daemons.
   std::array<char, PATH_MAX> exe{};
   const ssize_t n = ::readlink("/proc/self/exe", exe.data(), exe.size() - 1);
-  g_command.program = n > 0 ? std::string(exe.data(), static_cast<std::size_t>(n))
-                            : std::string(argc > 0 ? argv[0] : "");
+  g_command.program =
+      n > 0 ? std::string(exe.data(), static_cast<std::size_t>(n)) : std::string(argc > 0 ? argv[0] : "");
   g_command.args.assign(argv + (argc > 0 ? 1 : 0), argv + argc);
 }
 
@@ -85,8 +85,9 @@ Group Group::over(const mpi::Communicator& comm) {
 ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
 #if SINEW_HAVE_ULFM
   if (!mpi::ulfm_enabled()) {
-    SINEW_THROW(CommFailure, "a member of the group failed and this MPI job has no ULFM (run under Open MPI 5 "
-                             "with `mpirun --with-ft ulfm`, or use --elastic restart)");
+    SINEW_THROW(CommFailure,
+                "a member of the group failed and this MPI job has no ULFM (run under Open MPI 5 "
+                "with `mpirun --with-ft ulfm`, or use --elastic restart)");
   }
   ShrinkReport rep;
   const int before = size_;
@@ -140,18 +141,39 @@ GrowReport Group::grow(int n, const SpawnCommand& cmd) {
   std::vector<int> errcodes(static_cast<std::size_t>(n), MPI_SUCCESS);
   auto t = Clock::now();
   MPI_Comm inter = MPI_COMM_NULL;
-  SINEW_MPI(MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, MPI_INFO_NULL, 0, comm_.get(), &inter,
-                           errcodes.data()));
+  const int rc = MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, MPI_INFO_NULL, 0, comm_.get(), &inter,
+                                errcodes.data());
+  std::string why = rc != MPI_SUCCESS ? mpi::error_string(rc) : "";
   for (int e : errcodes) {
-    if (e != MPI_SUCCESS) SINEW_THROW(CommFailure, "MPI_Comm_spawn: {}", mpi::error_string(e));
+    if (e != MPI_SUCCESS && why.empty()) why = mpi::error_string(e);
   }
+#if SINEW_HAVE_ULFM
+  if (mpi::ulfm_enabled()) {
+    // A member may have died during the spawn: then the spawn succeeded at some members only. Agree
+    // (fault-tolerantly) before merging; on failure, revoke the new processes' link so that they stop.
+    int flag = why.empty() ? 1 : 0;
+    const int arc = MPIX_Comm_agree(comm_.get(), &flag);
+    if (arc != MPI_SUCCESS || flag == 0) {
+      if (inter != MPI_COMM_NULL) {
+        MPIX_Comm_revoke(inter);
+        MPI_Comm_free(&inter);
+      }
+      if (arc != MPI_SUCCESS) MPIX_Comm_failure_ack(comm_.get());
+      SINEW_THROW(CommFailure, "growing the group failed: {}",
+                  why.empty()
+                      ? (arc != MPI_SUCCESS ? mpi::error_string(arc) : "another member's spawn failed")
+                      : why);
+    }
+  }
+#endif
+  if (!why.empty()) SINEW_THROW(CommFailure, "MPI_Comm_spawn failed: {}", why);
   rep.spawn_ms = ms_since(t);
   t = Clock::now();
   MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
   MPI_Comm merged = MPI_COMM_NULL;
-  const int rc = MPI_Intercomm_merge(inter, /*high=*/0, &merged);
+  const int mrc = MPI_Intercomm_merge(inter, /*high=*/0, &merged);
   MPI_Comm_free(&inter);
-  mpi::check(rc, "MPI_Intercomm_merge");
+  mpi::check(mrc, "MPI_Intercomm_merge");
   mpi::Communicator next(merged);
   std::uint64_t epoch = epoch_ + 1;
   SINEW_MPI(MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, next.get()));

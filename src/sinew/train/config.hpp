@@ -58,6 +58,7 @@ struct Config {
   /// Test seam: "RANK:PHASE:STEP" kills launch rank RANK (SIGKILL) at PHASE of step STEP (repeatable).
   std::vector<std::string> inject_fault;
   std::string audit_dir;  ///< record every sample each rank trains on (exactly-once audit)
+  int step_sleep_ms = 0;  ///< testing: sleep after each step, so that signals from outside land mid-run
   // run
   std::string device = "cpu";
   std::uint64_t seed = 42;

@@ -101,7 +101,9 @@ po::options_description describe(Config& c, std::string& config_file) {
       "testing: kill launch rank RANK at PHASE (forward, backward, allreduce, optimizer, checkpoint-write, "
       "recovery, spawn) of step STEP; repeatable")(
       "audit-dir", po::value(&c.audit_dir)->value_name("DIR"),
-      "record the samples every rank trains on, for mpi_scripts/check-audit.py");
+      "record the samples every rank trains on, for mpi_scripts/check-audit.py")(
+      "step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms),
+      "testing: sleep this long after every step, so that a kill from outside lands mid-run");
   po::options_description all(
       "sinew-train: elastic data-parallel training over MPI\n\n"
       "usage: mpirun -n N sinew-train [options]\n");
@@ -160,8 +162,9 @@ Fault parse_fault(const std::string& spec) {
   if (ok) {
     const std::string phase = spec.substr(a + 1, b - a - 1);
     ok = false;
-    for (auto p : {FaultPhase::kForward, FaultPhase::kBackward, FaultPhase::kAllreduce, FaultPhase::kOptimizer,
-                   FaultPhase::kCheckpointWrite, FaultPhase::kRecovery, FaultPhase::kSpawn}) {
+    for (auto p :
+         {FaultPhase::kForward, FaultPhase::kBackward, FaultPhase::kAllreduce, FaultPhase::kOptimizer,
+          FaultPhase::kCheckpointWrite, FaultPhase::kRecovery, FaultPhase::kSpawn}) {
       if (phase == phase_name(p)) {
         f.phase = p;
         ok = true;
@@ -205,8 +208,8 @@ std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::strin
     }
     if (step < 1 || size < 1 || (!out.empty() && step <= out.back().first)) {
       SINEW_THROW(InvalidArgument,
-                  "--resize-schedule: '{}' is not STEP:SIZE (STEP >= 1 and increasing, SIZE >= 1) in '{}'", item,
-                  spec);
+                  "--resize-schedule: '{}' is not STEP:SIZE (STEP >= 1 and increasing, SIZE >= 1) in '{}'",
+                  item, spec);
     }
     out.emplace_back(step, size);
   }
@@ -254,6 +257,9 @@ void validate(const Config& c) {
     SINEW_THROW(InvalidArgument, "--global-batch must be at most 2^30, got {}", c.global_batch);
   }
   parse_resize_schedule(c.resize_schedule);
+  if (c.step_sleep_ms < 0 || c.step_sleep_ms > 60000) {
+    SINEW_THROW(InvalidArgument, "--step-sleep-ms must be in [0, 60000], got {}", c.step_sleep_ms);
+  }
   for (const auto& f : c.inject_fault) parse_fault(f);
   if (c.checkpoint_every < 0) {
     SINEW_THROW(InvalidArgument, "--checkpoint-every must be >= 0, got {}", c.checkpoint_every);

@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
@@ -101,7 +104,8 @@ class AuditLog {
     ::gethostname(host, sizeof host - 1);
     const std::string path = fmt::format("{}/audit-{}-{}.txt", dir, host, ::getpid());
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) SINEW_THROW(InvalidArgument, "--audit-dir: cannot create {}: {}", path, std::strerror(errno));
+    if (fd_ < 0)
+      SINEW_THROW(InvalidArgument, "--audit-dir: cannot create {}: {}", path, std::strerror(errno));
   }
   AuditLog(const AuditLog&) = delete;
   AuditLog& operator=(const AuditLog&) = delete;
@@ -129,6 +133,40 @@ class AuditLog {
   std::string line_;
 };
 
+/// Bounds a blocking MPI call that ULFM cannot interrupt (MPI_Comm_spawn and the merge with the new
+/// processes block forever if a member dies meanwhile, in Open MPI 5.0.7): past the deadline the job is
+/// aborted with exit code 75, so that a supervisor (mpi_scripts/sinew-supervise) relaunches it from the
+/// latest checkpoint instead of it hanging.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::milliseconds deadline, std::string what) : what_(std::move(what)) {
+    thread_ = std::thread([this, deadline] {
+      std::unique_lock lock(mu_);
+      if (cv_.wait_for(lock, deadline, [this] { return done_; })) return;
+      spdlog::critical("{} did not complete within {} ms; aborting the job for a relaunch (exit code 75)",
+                       what_, deadline.count());
+      MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRelaunch));
+    });
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -154,9 +192,9 @@ struct Trainer::Impl {
   // The training position. Replicated; re-synchronised from the most advanced survivor after a failure.
   std::int64_t step = 0;
   std::int64_t last_eval_epoch = -1;
-  int launch_world = 0;           // size of the group at launch (or at resume): the lr reference
-  std::int64_t sched_total = 0;   // length of the lr schedule, in steps of the reference global batch
-  double base_batch = 0;          // the reference global batch
+  int launch_world = 0;                   // size of the group at launch (or at resume): the lr reference
+  std::int64_t sched_total = 0;           // length of the lr schedule, in steps of the reference global batch
+  double base_batch = 0;                  // the reference global batch
   double factor_from = 1, factor_to = 1;  // lr rescaling ramp
   std::int64_t ramp_start = 0, ramp_steps = 0;
   int target_override = 0;  // > 0 after ranks left on request: do not grow back past it
@@ -200,7 +238,8 @@ struct Trainer::Impl {
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
       backend->broadcast_sync(comm::Buffer::of(net.params()), 0, op);
       resume();
-      base_batch = static_cast<double>(cfg.global_batch > 0 ? cfg.global_batch : launch_world * cfg.batch_size);
+      base_batch =
+          static_cast<double>(cfg.global_batch > 0 ? cfg.global_batch : launch_world * cfg.batch_size);
       const double epoch_steps = std::ceil(static_cast<double>(data.train.size()) / base_batch);
       sched_total = static_cast<std::int64_t>(epoch_steps) * cfg.epochs;
       if (cfg.max_steps > 0) sched_total = std::min(sched_total, cfg.max_steps);
@@ -273,12 +312,15 @@ struct Trainer::Impl {
   /// Kills this process (SIGKILL, as a crash would) if --inject-fault names it, this phase and the step
   /// being trained (`step + 1`; for recovery and spawn: any step from then on).
   void inject(FaultPhase phase) const {
+    if (generation > 0) return;  // a relaunch (restart mode) must not die the same way again
     for (const auto& f : faults) {
       if (f.rank != group.launch_rank() || f.phase != phase) continue;
       const bool later_ok = phase == FaultPhase::kRecovery || phase == FaultPhase::kSpawn;
       if (later_ok ? step + 1 < f.step : step + 1 != f.step) continue;
-      std::fprintf(stderr, "[sinew] injected fault: killing launch rank %d at phase %s of step %lld (unix_time %.6f)\n",
-                   f.rank, phase_name(phase), static_cast<long long>(step + 1), unix_now_s());
+      std::fprintf(
+          stderr,
+          "[sinew] injected fault: killing launch rank %d at phase %s of step %lld (unix_time %.6f)\n",
+          f.rank, phase_name(phase), static_cast<long long>(step + 1), unix_now_s());
       std::fflush(stderr);
       std::raise(SIGKILL);
     }
@@ -355,7 +397,8 @@ struct Trainer::Impl {
     std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
     backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
     if (cmp[0] != -cmp[1]) {
-      SINEW_THROW(InternalError, "training state differs across ranks after synchronising from rank {}", root);
+      SINEW_THROW(InternalError, "training state differs across ranks after synchronising from rank {}",
+                  root);
     }
     return ms_since(t);
   }
@@ -421,7 +464,8 @@ struct Trainer::Impl {
     if (step == ckpt_fault_step && ckpt_fault_phase != checkpoint::WritePhase::kNone)
       writer->arm_fault(ckpt_fault_phase, backend->rank());
     for (const auto& f : faults) {
-      if (f.phase == FaultPhase::kCheckpointWrite && f.rank == group.launch_rank() && f.step == step)
+      if (generation == 0 && f.phase == FaultPhase::kCheckpointWrite && f.rank == group.launch_rank() &&
+          f.step == step)
         writer->arm_fault(checkpoint::WritePhase::kAfterShardData, backend->rank());
     }
     if (async) {
@@ -616,9 +660,9 @@ struct Trainer::Impl {
     const auto g = static_cast<double>(step_batch(backend->size()));
     const auto n = static_cast<double>(data.train.size());
     const double rest = std::ceil(static_cast<double>(data.train.size() - sampler.cursor()) / g);
-    std::int64_t left = static_cast<std::int64_t>(rest) +
-                        static_cast<std::int64_t>(std::ceil(n / g)) *
-                            std::max<std::int64_t>(0, cfg.epochs - 1 - sampler.epoch());
+    std::int64_t left =
+        static_cast<std::int64_t>(rest) + static_cast<std::int64_t>(std::ceil(n / g)) *
+                                              std::max<std::int64_t>(0, cfg.epochs - 1 - sampler.epoch());
     if (cfg.max_steps > 0) left = std::min(left, cfg.max_steps - step);
     return left;
   }
@@ -723,7 +767,8 @@ struct Trainer::Impl {
       if (rank == 0 && cfg.progress && seconds_since(w.last_progress) > 2.0) {
         w.last_progress = Clock::now();
         const std::int64_t left = steps_remaining();
-        const double eta = (w.total_step_ms / static_cast<double>(w.total_steps)) * static_cast<double>(left) / 1e3;
+        const double eta =
+            (w.total_step_ms / static_cast<double>(w.total_steps)) * static_cast<double>(left) / 1e3;
         spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {} ranks {:.0f} samples/s ETA {:.0f}s",
                      sampler.epoch() + 1, cfg.epochs, step, step + left, mean_loss, lr, world, sps, eta);
       }
@@ -769,7 +814,8 @@ struct Trainer::Impl {
     if (control[0] != 0) {
       next = After::kStop;
       sum.stopped_by_signal = static_cast<int>(control[0]);
-      if (rank == 0) spdlog::warn("signal {} received: checkpointing at step {} and stopping", control[0], step);
+      if (rank == 0)
+        spdlog::warn("signal {} received: checkpointing at step {} and stopping", control[0], step);
     }
     if (writer && writer->async_in_flight() && (control[1] == 0 || asked > 0 || resize_due))
       finish_checkpoint(sum);
@@ -830,7 +876,11 @@ struct Trainer::Impl {
     disconnect_clean();
     const auto t = Clock::now();
     inject(FaultPhase::kSpawn);
-    const auto rep = group.grow(target - from, membership::command_line());
+    membership::GrowReport rep;
+    {
+      Watchdog dog(op.timeout, fmt::format("growing the group from {} to {} ranks", from, target));
+      rep = group.grow(target - from, membership::command_line());
+    }
     const auto tc = Clock::now();
     connect();
     const double connect_ms = ms_since(tc);
@@ -847,8 +897,8 @@ struct Trainer::Impl {
                    {"sync_ms", sync_ms},
                    {"ms", ms_since(t)}});
     if (backend->rank() == 0) {
-      spdlog::info("grew from {} to {} ranks ({}): spawn {:.0f} ms, state sync {:.1f} ms", from, backend->size(),
-                   why, rep.spawn_ms, sync_ms);
+      spdlog::info("grew from {} to {} ranks ({}): spawn {:.0f} ms, state sync {:.1f} ms", from,
+                   backend->size(), why, rep.spawn_ms, sync_ms);
     }
     rescale(from, "grow");
   }
@@ -925,22 +975,25 @@ struct Trainer::Impl {
                    {"membership_epoch", group.epoch()}});
     if (backend->rank() == 0) {
       spdlog::warn(
-          "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, rebuild "
+          "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
+          "rebuild "
           "{:.1f} ms, state sync {:.1f} ms); continuing at step {}",
-          from, backend->size(), spawn_ms > 0 ? fmt::format(" after spawning (spawn {:.0f} ms)", spawn_ms) : "",
-          revoke_ms, shrink_ms, agree_ms, rebuild_ms, sync_ms, step + 1);
+          from, backend->size(),
+          spawn_ms > 0 ? fmt::format(" after spawning (spawn {:.0f} ms)", spawn_ms) : "", revoke_ms,
+          shrink_ms, agree_ms, rebuild_ms, sync_ms, step + 1);
     }
     w.loss = w.step_ms = w.comm_ms = 0;  // the window's partial sums included the lost step
     w.steps = w.samples = 0;
     pending.active = true;
     pending.detected = detected;
-    pending.event = {{"event", "recovered"}, {"world_size", backend->size()}, {"membership_epoch", group.epoch()}};
+    pending.event = {
+        {"event", "recovered"}, {"world_size", backend->size()}, {"membership_epoch", group.epoch()}};
     rescale(from, "failure");
     if (backend->size() < cfg.min_ranks) {
       sum.below_min_ranks = true;
       if (backend->rank() == 0) {
-        spdlog::error("only {} ranks left, below --min-ranks {}: checkpointing step {} and stopping", backend->size(),
-                      cfg.min_ranks, step);
+        spdlog::error("only {} ranks left, below --min-ranks {}: checkpointing step {} and stopping",
+                      backend->size(), cfg.min_ranks, step);
       }
       if (writer) checkpoint_or_report("min-ranks", sum);
       return false;
@@ -968,8 +1021,8 @@ struct Trainer::Impl {
                          {"test_accuracy", test_acc},
                          {"test_loss", test_loss}});
           if (backend->rank() == 0) {
-            spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1, 100 * test_acc,
-                         test_loss);
+            spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1,
+                         100 * test_acc, test_loss);
           }
         }
         if (sampler.epoch() + 1 >= cfg.epochs || (cfg.max_steps > 0 && step >= cfg.max_steps)) break;
@@ -991,6 +1044,7 @@ struct Trainer::Impl {
         break;
       }
       train_step(sum, w);
+      if (cfg.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
       const After a = control(sum);
       if (a != After::kContinue) return a;
     }
