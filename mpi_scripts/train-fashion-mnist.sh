@@ -1,20 +1,53 @@
 #!/usr/bin/env bash
-# The README's first command: set-up (if needed), build, then a 4-rank data-parallel training run of the
-# MLP 784-512-512-10 on Fashion-MNIST for 3 epochs. Metrics go to fashion-mnist-metrics.jsonl.
-# Extra arguments go to sinew-train (e.g. --epochs 1, --model cnn).
+# The README's first command: set-up (if needed), build, then a 4-rank elastic training run of the MLP
+# 784-512-512-10 on Fashion-MNIST for 3 epochs. A third of the way in, one rank is killed with kill -9:
+# the others recover in place (ULFM: revoke, shrink, agree), spawn a replacement that takes its state
+# from their memory, and the job finishes. Metrics go to fashion-mnist-metrics.jsonl; the exactly-once
+# audit of every training sample is checked at the end.
+# SINEW_KILL=0 trains without the kill. Extra arguments go to sinew-train (e.g. --epochs 1, --model cnn).
 set -euo pipefail
-here=$(dirname "${BASH_SOURCE[0]}")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bash "$here/setup.sh"
 bash "$here/build.sh" >/dev/null
 . "$here/env.sh"
 ranks=${SINEW_RANKS:-4}
 metrics=${SINEW_METRICS:-$PWD/fashion-mnist-metrics.jsonl}
-echo "[sinew] mpirun -n $ranks sinew-train --model mlp:512,512 --dataset fashion-mnist --epochs 3 --metrics $metrics $*"
-"$SINEW_MPIRUN" "${SINEW_MPIRUN_FLAGS[@]}" -n "$ranks" "$SINEW_BUILD_DIR/apps/sinew-train" \
-  --model mlp:512,512 --dataset fashion-mnist --epochs 3 --batch-size 64 --metrics "$metrics" "$@"
+audit=$(mktemp -d)
+trap 'rm -rf "$audit"' EXIT
+args=(--model mlp:512,512 --dataset fashion-mnist --epochs 3 --batch-size 64 --metrics "$metrics" --audit-dir "$audit" "$@")
+echo "[sinew] mpirun -n $ranks sinew-train ${args[*]}"
+"$SINEW_MPIRUN" "${SINEW_MPIRUN_FLAGS[@]}" -n "$ranks" "$SINEW_BUILD_DIR/apps/sinew-train" "${args[@]}" &
+job=$!
+if [ "${SINEW_KILL:-1}" = 1 ]; then
+  # Wait for step 250 of ~700, then kill -9 the rank started as rank 2.
+  for _ in $(seq 1200); do
+    step=$(grep -o '"step":[0-9]*' "$metrics" 2>/dev/null | tail -n 1 | cut -d: -f2 || true)
+    [ "${step:-0}" -ge 250 ] && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.25
+  done
+  for p in $(pgrep -f -- "--audit-dir $audit" || true); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
+      echo "[sinew] kill -9 $p (rank 2) at step ${step:-?}"
+      kill -9 "$p"
+    fi
+  done
+fi
+rc=0
+wait $job || rc=$?
 python3 - "$metrics" <<'PY'
 import json, sys
-done = [json.loads(l) for l in open(sys.argv[1]) if '"done"' in l][-1]
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for e in lines:
+    if e.get("event") == "failure":
+        print(f"[sinew] failure at step {e['step'] + 1}: {e['from_world_size']} -> {e['from_world_size'] - e['lost']} ranks, "
+              f"recovered in place (revoke+shrink+agree {e['revoke_ms'] + e['shrink_ms'] + e['agree_ms']:.1f} ms, "
+              f"state sync {e['sync_ms']:.1f} ms, spawn {e['spawn_ms']:.0f} ms), {e['world_size']} ranks after")
+    if e.get("event") == "recovered":
+        print(f"[sinew] first step after the failure done {e['total_ms']:.1f} ms after it was detected")
+done = [e for e in lines if e.get("event") == "done"][-1]
 print(f"[sinew] final test accuracy {100 * done['test_accuracy']:.2f}% after {done['epochs']} epochs, "
-      f"{done['steps']} steps on {done['world_size']} ranks, {done['samples_per_s']:.0f} samples/s")
+      f"{done['steps']} steps, {done['world_size']} ranks at the end, {done['samples_per_s']:.0f} samples/s")
 PY
+python3 "$here/check-audit.py" "$audit" --dataset-size 60000 --epochs 3 | tail -n 1
+exit $rc

@@ -234,7 +234,8 @@ struct Trainer::Impl {
       rescale(0, "grow");
     } else {
       connect();
-      if (backend->rank() == 0 && !cfg.metrics.empty()) metrics = MetricsWriter(cfg.metrics);
+      // A relaunch by the supervisor (restart mode) appends to the first launch's metrics.
+      if (backend->rank() == 0 && !cfg.metrics.empty()) metrics = MetricsWriter(cfg.metrics, generation > 0);
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
       backend->broadcast_sync(comm::Buffer::of(net.params()), 0, op);
       resume();
@@ -548,6 +549,7 @@ struct Trainer::Impl {
     std::int64_t ok = 1;
     std::string why;
     checkpoint::TrainingState st;
+    const auto load_start = Clock::now();
     try {
       st = checkpoint::load(path);
       apply(st, path);
@@ -569,6 +571,8 @@ struct Trainer::Impl {
                    {"cursor", st.cursor},
                    {"from_world_size", st.world_size},
                    {"world_size", backend->size()},
+                   {"load_ms", ms_since(load_start)},
+                   {"generation", generation},
                    {"skipped", skipped}});
     if (backend->rank() == 0) {
       spdlog::info("resumed from {} (step {}, epoch {}, sample {}/{}, written by {} ranks)", path, st.step,
