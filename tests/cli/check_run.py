@@ -19,6 +19,8 @@ def main():
     ap.add_argument("--tolerance", type=float, default=3.0, help="accuracy points allowed below the reference")
     ap.add_argument("--final-world-size", type=int)
     ap.add_argument("--write-reference", help="write this run's test accuracy here")
+    ap.add_argument("--field", action="append", default=[],
+                    help="EVENT.KEY=VALUE: the last EVENT has KEY equal to VALUE (numbers within 1e-6)")
     a = ap.parse_args()
 
     lines = []
@@ -59,6 +61,18 @@ def main():
         need = int(n) if n else 1
         if counts.get(name, 0) < need:
             problems.append(f"{counts.get(name, 0)} '{name}' events, expected at least {need}")
+    for spec in a.field:
+        lhs, _, want = spec.partition("=")
+        name, _, key = lhs.partition(".")
+        last = [e for e in events if e["event"] == name]
+        got = last[-1].get(key) if last else None
+        try:
+            ok = got is not None and abs(float(got) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
+        except (TypeError, ValueError):
+            ok = str(got) == want
+        print(f"last {name}.{key} = {got} (expected {want})")
+        if not ok:
+            problems.append(f"last '{name}' event has {key} = {got}, expected {want}")
     for e in events:
         if e["event"] in ("failure", "recovered"):
             print("  " + json.dumps({k: v for k, v in e.items() if k not in ("time", "unix_time")}))

@@ -131,6 +131,42 @@ case "$scenario" in
     grep -q "did not complete within 5000 ms" "$d/out.txt" || { echo "FAIL $scenario: the watchdog did not fire"; tail -n 30 "$d/out.txt"; exit 1; }
     check $rc --event resume
     ;;
+  global-batch)
+    # --global-batch keeps 128 samples per step at every size: 3 ranks x 32 accumulate 2 micro-batches,
+    # and the run takes exactly as many steps as the failure-free one (2 x 8192 / 128).
+    run 120 --grow false --global-batch 128 --inject-fault 2:forward:30
+    check $? --failures 1 --field rescale.accumulation=2 --field rescale.global_batch=128 --field done.steps=128
+    ;;
+  lr-scaling)
+    # sqrt scaling: 4 -> 3 ranks scales the lr by sqrt(3/4) at once; growing back ramps it to 1 over 20 steps.
+    run 150 --lr-scaling sqrt --rescale-ramp-steps 20 --inject-fault 3:optimizer:30
+    check $? --failures 1 --event rescale:2 --field rescale.lr_factor_from=0.8660254037844386 \
+      --field rescale.lr_factor_to=1 --field rescale.ramp_steps=20 --final-world-size 4
+    ;;
+  job-server)
+    # The schedule shrinks the group (ranks leave, not a failure), grows it (spawn), shrinks it again.
+    run 150 --resize-schedule 20:2,60:4,90:3 --lr-scaling linear
+    check $? --failures 0 --event shrink:2 --event grow --field shrink.reason=leave --final-world-size 3
+    ;;
+  leave)
+    # SIGUSR2 asks one rank to leave at the next step boundary: it exits 0, the others go on with 3.
+    run 120 --grow false --step-sleep-ms 10 &
+    job=$!
+    wait_for_step 20 && p=$(pid_of_rank 3) && kill -USR2 "$p"
+    wait $job
+    check $? --failures 0 --event shrink --field shrink.why=requested --final-world-size 3
+    ;;
+  min-ranks)
+    # Below --min-ranks the job checkpoints and stops with exit code 75 (for a relaunch with more ranks).
+    run 120 --grow false --min-ranks 4 --inject-fault 1:backward:30
+    rc=$?
+    if [ $rc -ne 75 ]; then echo "FAIL min-ranks: exit $rc (expected 75)"; tail -n 30 "$d/out.txt"; exit 1; fi
+    python3 "$here/check_run.py" "$d/metrics.jsonl" --failures 1 --field checkpoint.reason=min-ranks \
+      --field done.below_min_ranks=true >/dev/null || true
+    grep -q '"reason":"min-ranks"' "$d/metrics.jsonl" || { echo "FAIL min-ranks: no checkpoint before stopping"; exit 1; }
+    grep -q "below --min-ranks 4" "$d/out.txt" || { echo "FAIL min-ranks: no message"; exit 1; }
+    echo "ok   min-ranks"
+    ;;
   kill9)
     run 120 --grow false --step-sleep-ms 15 &
     job=$!

@@ -216,3 +216,29 @@ TEST(Sampler, InvalidArguments) {
 
 }  // namespace
 }  // namespace sinew::data
+
+namespace sinew::data {
+// Gradient accumulation (--global-batch) takes a step as several ranges: together they are exactly the
+// step's samples, dealt out as peek() would, and a range past the epoch's end is refused.
+TEST(Sampler, PeekRangeCoversAccumulatedStep) {
+  DistributedSampler s(1000, 5);
+  s.start_epoch(2);
+  s.advance(100);
+  const int w = 3;
+  const std::size_t micro = 3 * 8, total = 50;  // 50 samples in micro-batches of 24: 24 + 24 + 2
+  std::vector<std::size_t> got;
+  for (std::size_t off = 0; off < total; off += micro) {
+    for (int r = 0; r < w; ++r) {
+      const auto b = s.peek_range(r, w, off, std::min(micro, total - off));
+      got.insert(got.end(), b.indices.begin(), b.indices.end());
+    }
+  }
+  const auto perm = s.permutation();
+  std::vector<std::size_t> want(perm.begin() + 100, perm.begin() + 150);
+  EXPECT_EQ(got, want);
+  const auto whole = s.peek(1, 4, 16);
+  EXPECT_EQ(s.peek_range(1, 4, 0, 64).indices, whole.indices);
+  EXPECT_THROW((void)s.peek_range(0, 2, 850, 51), InvalidArgument);
+  EXPECT_THROW((void)s.peek_range(2, 2, 0, 10), InvalidArgument);
+}
+}  // namespace sinew::data

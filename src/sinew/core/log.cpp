@@ -8,7 +8,7 @@ namespace sinew::log {
 
 spdlog::level::level_enum parse_level(std::string_view name) {
   static constexpr std::pair<std::string_view, spdlog::level::level_enum> kLevels[] = {
-      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},  {"info", spdlog::level::info},
       {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
       {"off", spdlog::level::off}};
   for (const auto& [n, level] : kLevels) {

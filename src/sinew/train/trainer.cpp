@@ -944,6 +944,7 @@ struct Trainer::Impl {
         connect();
         rebuild_ms = ms_since(t);
         sync_ms = synchronise();
+        rescale(from, "failure");
         // Every survivor now holds the same position, hence the same target.
         if (cfg.grow && target_size() > backend->size()) {
           const auto tg = Clock::now();
@@ -992,7 +993,6 @@ struct Trainer::Impl {
     pending.detected = detected;
     pending.event = {
         {"event", "recovered"}, {"world_size", backend->size()}, {"membership_epoch", group.epoch()}};
-    rescale(from, "failure");
     if (backend->size() < cfg.min_ranks) {
       sum.below_min_ranks = true;
       if (backend->rank() == 0) {

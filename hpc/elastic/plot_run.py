@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""Plots an elastic sinew-train run from its metrics (JSON Lines): world size, throughput and training
+loss over time, with the membership events marked (failure, shrink, grow).
+
+usage: plot_run.py METRICS.jsonl OUT.png [--title TEXT]
+"""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"failure": "tab:red", "shrink": "tab:orange", "grow": "tab:green"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("metrics")
+    ap.add_argument("out")
+    ap.add_argument("--title", default="Elastic training: job-server resizes and a killed rank")
+    a = ap.parse_args()
+    rows = [json.loads(l) for l in open(a.metrics) if l.strip()]
+    t0 = min(r["unix_time"] for r in rows)
+    steps = [r for r in rows if "loss" in r and "event" not in r]
+    t = [r["unix_time"] - t0 for r in steps]
+    fig, axes = plt.subplots(3, 1, figsize=(8, 6.5), sharex=True)
+    axes[0].step(t, [r["world_size"] for r in steps], where="post", color="black")
+    axes[0].set_ylabel("ranks")
+    axes[0].set_ylim(0, max(r["world_size"] for r in steps) + 1)
+    axes[1].plot(t, [r["samples_per_s"] for r in steps], color="tab:blue", lw=1)
+    axes[1].set_ylabel("samples/s")
+    axes[2].plot(t, [r["loss"] for r in steps], color="tab:purple", lw=1)
+    axes[2].set_ylabel("training loss")
+    axes[2].set_xlabel("seconds since start")
+    seen = set()
+    for r in rows:
+        ev = r.get("event")
+        if ev not in COLORS:
+            continue
+        x = r["unix_time"] - t0
+        label = ev if ev not in seen else None
+        seen.add(ev)
+        for ax in axes:
+            ax.axvline(x, color=COLORS[ev], ls="--", lw=1, label=label if ax is axes[0] else None)
+        why = r.get("why") or r.get("reason") or ""
+        axes[0].annotate(f"{ev}\n{r.get('from_world_size', '?')}→{r.get('world_size', '?')}", (x, 0.3),
+                         fontsize=7, color=COLORS[ev], xytext=(2, 0), textcoords="offset points")
+        del why
+    axes[0].legend(loc="upper right", fontsize=8)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    axes[0].set_title(a.title)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
