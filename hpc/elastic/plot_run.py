@@ -35,19 +35,22 @@ def main():
     axes[2].set_ylabel("training loss")
     axes[2].set_xlabel("seconds since start")
     seen = set()
+    stacked = []  # x positions already labelled, to stack labels of simultaneous events
     for r in rows:
         ev = r.get("event")
         if ev not in COLORS:
             continue
-        x = r["unix_time"] - t0
+        # A failure is marked where it was detected; its shrink and regrowth are logged once recovered.
+        x = r.get("detected_unix_time", r["unix_time"]) - t0
+        level = sum(1 for s in stacked if abs(s - x) < 0.05 * (t[-1] - t[0]))
+        stacked.append(x)
         label = ev if ev not in seen else None
         seen.add(ev)
         for ax in axes:
             ax.axvline(x, color=COLORS[ev], ls="--", lw=1, label=label if ax is axes[0] else None)
-        why = r.get("why") or r.get("reason") or ""
-        axes[0].annotate(f"{ev}\n{r.get('from_world_size', '?')}→{r.get('world_size', '?')}", (x, 0.3),
+        to = r["from_world_size"] - r["lost"] if ev == "failure" else r.get("world_size", "?")
+        axes[0].annotate(f"{ev}\n{r.get('from_world_size', '?')}→{to}", (x, 0.3 + 1.1 * level),
                          fontsize=7, color=COLORS[ev], xytext=(2, 0), textcoords="offset points")
-        del why
     axes[0].legend(loc="upper right", fontsize=8)
     for ax in axes:
         ax.grid(True, alpha=0.3)

@@ -981,11 +981,10 @@ struct Trainer::Impl {
     if (backend->rank() == 0) {
       spdlog::warn(
           "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
-          "rebuild "
-          "{:.1f} ms, state sync {:.1f} ms); continuing at step {}",
-          from, backend->size(),
-          spawn_ms > 0 ? fmt::format(" after spawning (spawn {:.0f} ms)", spawn_ms) : "", revoke_ms,
-          shrink_ms, agree_ms, rebuild_ms, sync_ms, step + 1);
+          "rebuild {:.1f} ms, state sync {:.1f} ms); continuing at step {}",
+          from, from - lost,
+          spawn_ms > 0 ? fmt::format(", grown back to {} (spawn {:.0f} ms)", backend->size(), spawn_ms) : "",
+          revoke_ms, shrink_ms, agree_ms, rebuild_ms, sync_ms, step + 1);
     }
     w.loss = w.step_ms = w.comm_ms = 0;  // the window's partial sums included the lost step
     w.steps = w.samples = 0;
