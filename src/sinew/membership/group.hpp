@@ -60,8 +60,11 @@ class Group {
   /// A group over a duplicate of `comm` (tests, embedding in a larger application).
   static Group over(const mpi::Communicator& comm);
 
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
   Group(Group&&) noexcept = default;
   Group& operator=(Group&&) noexcept = default;
+  ~Group() = default;
 
   [[nodiscard]] const mpi::Communicator& comm() const noexcept { return comm_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }

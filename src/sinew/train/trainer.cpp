@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "sinew/checkpoint/checkpoint.hpp"
@@ -105,7 +106,8 @@ class AuditLog {
     const std::string path = fmt::format("{}/audit-{}-{}.txt", dir, host, ::getpid());
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd_ < 0)
-      SINEW_THROW(InvalidArgument, "--audit-dir: cannot create {}: {}", path, std::strerror(errno));
+      SINEW_THROW(InvalidArgument, "--audit-dir: cannot create {}: {}", path,
+                  std::generic_category().message(errno));
   }
   AuditLog(const AuditLog&) = delete;
   AuditLog& operator=(const AuditLog&) = delete;
@@ -124,7 +126,7 @@ class AuditLog {
     for (auto i : indices) fmt::format_to(std::back_inserter(line_), " {}", i);
     line_ += '\n';
     if (::write(fd_, line_.data(), line_.size()) != static_cast<ssize_t>(line_.size())) {
-      SINEW_THROW(DataError, "--audit-dir: write failed: {}", std::strerror(errno));
+      SINEW_THROW(DataError, "--audit-dir: write failed: {}", std::generic_category().message(errno));
     }
   }
 
@@ -255,6 +257,10 @@ struct Trainer::Impl {
     schedule = std::make_unique<optim::LrSchedule>(so);
   }
 
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  Impl(Impl&&) = delete;
+  Impl& operator=(Impl&&) = delete;
   ~Impl() {
     // Tear down in dependency order: the bucketer's thread and the writer use the backend.
     bucketer.reset();
@@ -318,10 +324,9 @@ struct Trainer::Impl {
       if (f.rank != group.launch_rank() || f.phase != phase) continue;
       const bool later_ok = phase == FaultPhase::kRecovery || phase == FaultPhase::kSpawn;
       if (later_ok ? step + 1 < f.step : step + 1 != f.step) continue;
-      std::fprintf(
-          stderr,
-          "[sinew] injected fault: killing launch rank %d at phase %s of step %lld (unix_time %.6f)\n",
-          f.rank, phase_name(phase), static_cast<long long>(step + 1), unix_now_s());
+      fmt::print(stderr,
+                 "[sinew] injected fault: killing launch rank {} at phase {} of step {} (unix_time {:.6f})\n",
+                 f.rank, phase_name(phase), step + 1, unix_now_s());
       std::fflush(stderr);
       std::raise(SIGKILL);
     }
