@@ -125,8 +125,8 @@ case "$scenario" in
     # A member dying while the group spawns replacements blocks MPI_Comm_spawn at the others (Open MPI
     # 5.0.7 does not interrupt it): the watchdog aborts the job at the deadline (exit 75), and the
     # supervisor relaunches it from the latest checkpoint. Bounded, and the run still finishes.
-    timeout -k 5 200 "$root/mpi_scripts/sinew-supervise" -n $n --events "$d/supervise.jsonl" -- "$train" \
-      "${common[@]}" --timeout-ms 5000 --inject-fault 3:backward:30 --inject-fault 1:spawn:30 >"$d/out.txt" 2>&1
+    timeout -k 5 200 "$root/mpi_scripts/sinew-supervise" -n $n --launch-timeout 60 --events "$d/supervise.jsonl" \
+      -- "$train" "${common[@]}" --timeout-ms 5000 --inject-fault 3:backward:30 --inject-fault 1:spawn:30 >"$d/out.txt" 2>&1
     rc=$?
     grep -q "did not complete within 5000 ms" "$d/out.txt" || { echo "FAIL $scenario: the watchdog did not fire"; tail -n 30 "$d/out.txt"; exit 1; }
     check $rc --event resume
