@@ -158,15 +158,19 @@ GrowReport Group::grow(int n, const SpawnCommand& cmd) {
         MPIX_Comm_revoke(inter);
         MPI_Comm_free(&inter);
       }
-      if (arc != MPI_SUCCESS) MPIX_Comm_failure_ack(comm_.get());
-      SINEW_THROW(CommFailure, "growing the group failed: {}",
-                  why.empty()
-                      ? (arc != MPI_SUCCESS ? mpi::error_string(arc) : "another member's spawn failed")
-                      : why);
+      if (arc != MPI_SUCCESS) {
+        MPIX_Comm_failure_ack(comm_.get());
+        SINEW_THROW(CommFailure, "a member failed while the group was growing: {}", mpi::error_string(arc));
+      }
+      throw SpawnError(fmt::format("could not start {} new processes: {}", n,
+                                   why.empty() ? "another member's spawn failed" : why),
+                       SourceLocation::current());
     }
   }
 #endif
-  if (!why.empty()) SINEW_THROW(CommFailure, "MPI_Comm_spawn failed: {}", why);
+  if (!why.empty()) {
+    throw SpawnError(fmt::format("could not start {} new processes: {}", n, why), SourceLocation::current());
+  }
   rep.spawn_ms = ms_since(t);
   t = Clock::now();
   MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "sinew/core/error.hpp"
 #include "sinew/mpi/communicator.hpp"
 
 namespace sinew::membership {
@@ -26,6 +27,13 @@ enum class Role : std::uint8_t {
   kRecovered,  ///< spawned to replace lost members; takes its state from peers' memory
 };
 const char* role_name(Role r) noexcept;
+
+/// Growing failed although every member is alive (e.g. no free slots for new processes): the group is
+/// unchanged and usable. Not a CommFailure: retrying a recovery would not help.
+class SpawnError : public Error {
+ public:
+  using Error::Error;
+};
 
 /// Wall-clock cost of one shrink, in milliseconds.
 struct ShrinkReport {
@@ -82,7 +90,8 @@ class Group {
   ShrinkReport shrink(MPI_Comm failed, const RecoveryHook& hook = {});
 
   /// Collective: starts `n` new members with `cmd` and merges them into the view (they call attach()).
-  /// Throws CommFailure if the spawn fails (e.g. no free slots) or a member dies meanwhile.
+  /// Throws SpawnError if the spawn fails with every member alive (e.g. no free slots; the view is
+  /// unchanged), CommFailure if a member died meanwhile.
   GrowReport grow(int n, const SpawnCommand& cmd);
 
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);

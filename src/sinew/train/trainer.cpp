@@ -886,9 +886,24 @@ struct Trainer::Impl {
     const auto t = Clock::now();
     inject(FaultPhase::kSpawn);
     membership::GrowReport rep;
-    {
+    try {
       Watchdog dog(op.timeout, fmt::format("growing the group from {} to {} ranks", from, target));
       rep = group.grow(target - from, membership::command_line());
+    } catch (const membership::SpawnError& e) {
+      // Every member is alive and the view unchanged: go on at this size, and do not try again (until the
+      // job server asks for another size).
+      connect();
+      target_override = from;
+      metrics.write({{"event", "grow"},
+                     {"reason", why},
+                     {"step", step},
+                     {"from_world_size", from},
+                     {"world_size", from},
+                     {"error", e.message()}});
+      if (backend->rank() == 0) {
+        spdlog::warn("cannot grow to {} ranks ({}); continuing with {}", target, e.message(), from);
+      }
+      return;
     }
     const auto tc = Clock::now();
     connect();
@@ -988,7 +1003,9 @@ struct Trainer::Impl {
           "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
           "rebuild {:.1f} ms, state sync {:.1f} ms); continuing at step {}",
           from, from - lost,
-          spawn_ms > 0 ? fmt::format(", grown back to {} (spawn {:.0f} ms)", backend->size(), spawn_ms) : "",
+          backend->size() > from - lost
+              ? fmt::format(", grown back to {} (spawn {:.0f} ms)", backend->size(), spawn_ms)
+              : "",
           revoke_ms, shrink_ms, agree_ms, rebuild_ms, sync_ms, step + 1);
     }
     w.loss = w.step_ms = w.comm_ms = 0;  // the window's partial sums included the lost step
