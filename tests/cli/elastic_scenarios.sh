@@ -20,7 +20,7 @@ limit=8192
 epochs=2
 
 mkdir -p "$workdir"
-d=$(mktemp -d "$workdir/$scenario.XXXXXX")
+d=$(mktemp -d -p "$workdir")  # one fresh directory per run of the scenario
 trap 'rm -rf "$d"' EXIT
 
 common=(--dataset fashion-mnist --limit-train $limit --limit-test 2000 --model mlp:64 --epochs $epochs

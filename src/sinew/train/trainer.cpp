@@ -261,12 +261,7 @@ struct Trainer::Impl {
   Impl& operator=(const Impl&) = delete;
   Impl(Impl&&) = delete;
   Impl& operator=(Impl&&) = delete;
-  ~Impl() {
-    // Tear down in dependency order: the bucketer's thread and the writer use the backend.
-    bucketer.reset();
-    writer.reset();
-    backend.reset();
-  }
+  ~Impl() { disconnect_clean(); }
 
   /// Builds the backend, the checkpoint writer and the gradient buckets over the current view.
   /// Collective (duplicates the view's communicator; the writer agrees on its directory).
@@ -296,9 +291,7 @@ struct Trainer::Impl {
   /// Drops everything built over the old view (after a failure, before a change).
   void disconnect() noexcept {
     if (backend) backend->abort();
-    bucketer.reset();
-    writer.reset();
-    backend.reset();
+    disconnect_clean();
   }
 
   // ---- fault injection -------------------------------------------------------------------------------
@@ -872,8 +865,9 @@ struct Trainer::Impl {
     return false;
   }
 
-  /// Drops the per-view objects without revoking (a planned change, every member agrees).
-  void disconnect_clean() {
+  /// Drops the per-view objects without revoking (a planned change, every member agrees), in dependency
+  /// order: the bucketer's thread and the writer use the backend.
+  void disconnect_clean() noexcept {
     bucketer.reset();
     writer.reset();
     backend.reset();
@@ -951,9 +945,7 @@ struct Trainer::Impl {
       try {
         const auto rep = group.shrink(failed, [this](int) { inject(FaultPhase::kRecovery); });
         // The revoke made every collective on the old view return: the communication thread is free.
-        bucketer.reset();
-        writer.reset();
-        backend.reset();
+        disconnect_clean();
         failed = MPI_COMM_NULL;
         revoke_ms += rep.revoke_ms;
         shrink_ms += rep.shrink_ms;
@@ -974,9 +966,8 @@ struct Trainer::Impl {
         break;
       } catch (const CommFailure& again) {
         spdlog::warn("another failure during recovery: {}; recovering again", again.message());
-        if (backend) failed = backend->comm();
-        disconnect();
-        if (!backend) failed = MPI_COMM_NULL;
+        disconnect();  // revokes the backend's communicator (if it was rebuilt) before freeing it
+        failed = MPI_COMM_NULL;
       }
     }
     ev["world_size"] = backend->size();
@@ -1028,44 +1019,39 @@ struct Trainer::Impl {
 
   // ---- the loop --------------------------------------------------------------------------------------
 
+  /// Evaluates on the test set and reports it (summary, metrics, log line).
+  void evaluate_and_report(Summary& sum) {
+    const auto [test_loss, test_acc] = evaluate();
+    sum.test_accuracy = test_acc;
+    sum.test_loss = test_loss;
+    sum.epochs = static_cast<int>(sampler.epoch()) + 1;
+    metrics.write({{"event", "eval"},
+                   {"epoch", sampler.epoch()},
+                   {"step", step},
+                   {"world_size", backend->size()},
+                   {"test_accuracy", test_acc},
+                   {"test_loss", test_loss}});
+    if (backend->rank() == 0 && sampler.epoch_done()) {
+      spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1, 100 * test_acc,
+                   test_loss);
+    }
+  }
+
   /// Trains until the end (or a stop); resumable: after a recovery it continues from the synchronised
   /// position. Throws CommFailure on a failure.
   After train_loop(Summary& sum, Window& w) {
     for (;;) {
       if (sampler.epoch_done()) {
         if (last_eval_epoch < sampler.epoch()) {
-          const auto [test_loss, test_acc] = evaluate();
+          evaluate_and_report(sum);
           last_eval_epoch = sampler.epoch();
-          sum.test_accuracy = test_acc;
-          sum.test_loss = test_loss;
-          sum.epochs = static_cast<int>(sampler.epoch()) + 1;
-          metrics.write({{"event", "eval"},
-                         {"epoch", sampler.epoch()},
-                         {"step", step},
-                         {"world_size", backend->size()},
-                         {"test_accuracy", test_acc},
-                         {"test_loss", test_loss}});
-          if (backend->rank() == 0) {
-            spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1,
-                         100 * test_acc, test_loss);
-          }
         }
         if (sampler.epoch() + 1 >= cfg.epochs || (cfg.max_steps > 0 && step >= cfg.max_steps)) break;
         sampler.start_epoch(sampler.epoch() + 1);
         continue;
       }
       if (cfg.max_steps > 0 && step >= cfg.max_steps) {
-        // Stopped inside an epoch: evaluate what was trained.
-        const auto [test_loss, test_acc] = evaluate();
-        sum.test_accuracy = test_acc;
-        sum.test_loss = test_loss;
-        sum.epochs = static_cast<int>(sampler.epoch()) + 1;
-        metrics.write({{"event", "eval"},
-                       {"epoch", sampler.epoch()},
-                       {"step", step},
-                       {"world_size", backend->size()},
-                       {"test_accuracy", test_acc},
-                       {"test_loss", test_loss}});
+        evaluate_and_report(sum);  // stopped inside an epoch: evaluate what was trained
         break;
       }
       train_step(sum, w);
