@@ -15,7 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shared_temp_dir.hpp"
@@ -230,6 +232,68 @@ TEST(Checkpoint, SaveThenLoadIsExact) {
   ASSERT_TRUE(latest.found.has_value());
   EXPECT_EQ(latest.found->step, 10);
   EXPECT_TRUE(latest.skipped.empty());
+}
+
+/// Drives an asynchronous save the way the trainer does: agree that every rank is ready, then move on.
+std::optional<ck::SaveResult> progress_when_ready(ck::Writer& w) {
+  for (;;) {
+    int ready = w.async_ready() ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ready, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (ready) return w.progress_async();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST(Checkpoint, AsyncSaveCommitsInTwoStages) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const int w = world_size();
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  ck::WriterOptions o;
+  o.keep = 2;
+  o.op.timeout = std::chrono::seconds(60);
+  ck::Writer writer(dir, backend, o);
+  for (std::int64_t step : {10, 20, 30}) {
+    ASSERT_TRUE(writer.save_async(make_state(step, w)));
+    EXPECT_TRUE(writer.async_in_flight());
+    // Stage one: the shards are written; nothing is committed yet.
+    EXPECT_FALSE(progress_when_ready(writer).has_value());
+    ASSERT_TRUE(writer.async_in_flight());
+    // Stage two: rank 0 commits in the background; everyone learns the result.
+    const auto res = progress_when_ready(writer);
+    ASSERT_TRUE(res.has_value());
+    EXPECT_FALSE(writer.async_in_flight());
+    EXPECT_EQ(res->path, (fs::path(dir) / ckpt_dir_name(step)).string());
+    EXPECT_TRUE(fs::is_directory(res->path));
+    EXPECT_GE(res->commit_ms, 0);
+  }
+  // Pruned to the newest two; both load exactly.
+  const auto entries = ck::scan(dir, /*check=*/true);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_TRUE(entries[0].valid) << entries[0].reason;
+  expect_same_state(ck::load(entries[0].path), make_state(30, w), w);
+  expect_same_state(ck::load(entries[1].path), make_state(20, w), w);
+  // finish_async completes both stages at once, and a save of a committed step is skipped.
+  ASSERT_TRUE(writer.save_async(make_state(40, w)));
+  EXPECT_TRUE(writer.finish_async().has_value());
+  EXPECT_FALSE(writer.save_async(make_state(40, w)));
+}
+
+TEST(Checkpoint, AsyncCommitFailureSurfacesOnEveryRank) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const int w = world_size();
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  ck::WriterOptions o;
+  o.op.timeout = std::chrono::seconds(60);
+  ck::Writer writer(dir, backend, o);
+  ASSERT_TRUE(writer.save_async(make_state(10, w)));
+  // A file where the committed directory must go makes rank 0's rename fail in the background.
+  on_rank0([&] { std::ofstream(fs::path(dir) / ckpt_dir_name(10)) << "in the way"; });
+  EXPECT_FALSE(progress_when_ready(writer).has_value());
+  EXPECT_THROW(progress_when_ready(writer), CheckpointError);
+  EXPECT_FALSE(writer.async_in_flight());
+  EXPECT_FALSE(fs::exists(fs::path(dir) / (ckpt_dir_name(10) + ".partial")));
 }
 
 TEST(Checkpoint, KeepPrunesToTheNewest) {

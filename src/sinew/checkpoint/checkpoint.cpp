@@ -230,6 +230,12 @@ WritePhase parse_phase(const std::string& name) {
               name);
 }
 
+struct Writer::Gathered {
+  SaveResult res;
+  std::vector<std::vector<std::uint32_t>> crcs;  // per rank, per tensor
+  std::vector<h5::Digest> files;                 // per rank: shard file size and CRC32
+};
+
 Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
     : dir_(std::move(dir)), backend_(backend), opts_(opts) {
   std::int64_t ok = 1;
@@ -301,14 +307,13 @@ Writer::Local Writer::write_local(const TrainingState& state) const {
   return out;
 }
 
-SaveResult Writer::commit(const TrainingState& state, const Local& local, double write_ms) {
-  const int rank = backend_.rank(), world = backend_.size();
+Writer::Gathered Writer::gather(const TrainingState& state, const Local& local, double write_ms) {
+  const int world = backend_.size();
   const auto names = tensor_names(state);
-  const std::string final_dir = (fs::path(dir_) / ckpt_name(state.step)).string();
-  const std::string partial = final_dir + ".partial";
-  SaveResult res;
-  res.step = state.step;
-  res.path = final_dir;
+  Gathered g;
+  g.res.step = state.step;
+  g.res.path = (fs::path(dir_) / ckpt_name(state.step)).string();
+  g.res.write_ms = write_ms;
   // Failures are agreed on, never left one-sided: every rank learns every rank's outcome and checksums.
   constexpr std::size_t kHead = 4;  // ok, bytes, shard file size, shard file crc; then a crc per tensor
   std::vector<std::uint64_t> mine(names.size() + kHead, 0);
@@ -320,67 +325,67 @@ SaveResult Writer::commit(const TrainingState& state, const Local& local, double
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(world));
   backend_.allgather_sync(comm::Buffer::of(std::span<std::uint64_t>(mine)),
                           comm::Buffer::of(std::span<std::uint64_t>(all)), opts_.op);
-  std::vector<int> failed;
-  std::vector<std::vector<std::uint32_t>> crcs(static_cast<std::size_t>(world));
-  std::vector<h5::Digest> files(static_cast<std::size_t>(world));
+  int failed = 0;
+  g.crcs.resize(static_cast<std::size_t>(world));
+  g.files.resize(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     const std::uint64_t* row = all.data() + mine.size() * static_cast<std::size_t>(r);
-    if (row[0] != 1) failed.push_back(r);
-    res.bytes += row[1];
-    files[static_cast<std::size_t>(r)] = {row[2], static_cast<std::uint32_t>(row[3])};
+    if (row[0] != 1) ++failed;
+    g.res.bytes += row[1];
+    g.files[static_cast<std::size_t>(r)] = {row[2], static_cast<std::uint32_t>(row[3])};
     for (std::size_t t = 0; t < names.size(); ++t) {
-      crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[kHead + t]));
+      g.crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[kHead + t]));
     }
   }
-  res.write_ms = write_ms;
-  if (!failed.empty()) {
-    if (rank == 0) {
+  if (failed > 0) {
+    if (backend_.rank() == 0) {
       std::error_code ec;
-      fs::remove_all(partial, ec);
+      fs::remove_all(g.res.path + ".partial", ec);
     }
     SINEW_THROW(CheckpointError,
                 "checkpoint of step {} not written: {} of {} ranks failed to write their shard{}", state.step,
-                failed.size(), world, local.why.empty() ? std::string() : " (this rank: " + local.why + ")");
+                failed, world, local.why.empty() ? std::string() : " (this rank: " + local.why + ")");
   }
+  return g;
+}
 
-  // Rank 0 writes the manifest and commits by renaming the directory; everyone learns the outcome.
-  const auto t1 = Clock::now();
-  std::int64_t committed = 1;
+std::string Writer::commit_local(const TrainingState& state, const Gathered& g) const {
+  const std::string partial = g.res.path + ".partial";
   std::string why;
-  if (rank == 0) {
-    try {
-      crash_point(opts_, WritePhase::kBeforeManifest, rank);
-      write_manifest((fs::path(partial) / kManifest).string(), state, names, crcs, files);
-      h5::fsync_path(partial, true);
-      crash_point(opts_, WritePhase::kBeforeRename, rank);
-      fs::rename(partial, final_dir);
-      h5::fsync_path(dir_, true);
-    } catch (const Error& e) {
-      committed = 0;
-      why = e.message();
-    } catch (const fs::filesystem_error& e) {
-      committed = 0;
-      why = e.what();
-    }
-    if (!committed) {
-      std::error_code ec;
-      fs::remove_all(partial, ec);
-    }
+  try {
+    crash_point(opts_, WritePhase::kBeforeManifest, 0);
+    write_manifest((fs::path(partial) / kManifest).string(), state, tensor_names(state), g.crcs, g.files);
+    h5::fsync_path(partial, true);
+    crash_point(opts_, WritePhase::kBeforeRename, 0);
+    fs::rename(partial, g.res.path);
+    h5::fsync_path(dir_, true);
+  } catch (const Error& e) {
+    why = e.message();
+  } catch (const fs::filesystem_error& e) {
+    why = e.what();
   }
-  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&committed, 1)), 0, opts_.op);
-  if (!committed) {
-    SINEW_THROW(CheckpointError, "checkpoint of step {} not committed: {}", state.step,
-                why.empty() ? "rank 0 could not write the manifest" : why);
+  if (!why.empty()) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    return why;
   }
-  res.commit_ms = seconds_since(t1) * 1e3;
-
   // Prune: keep the newest `keep` committed checkpoints.
-  if (rank == 0 && opts_.keep > 0) {
+  if (opts_.keep > 0) {
     auto entries = scan(dir_, /*check=*/false);
     for (std::size_t i = static_cast<std::size_t>(opts_.keep); i < entries.size(); ++i) {
       std::error_code ec;
       fs::remove_all(entries[i].path, ec);
     }
+  }
+  return {};
+}
+
+SaveResult Writer::announce(SaveResult res, const std::string& why) {
+  std::int64_t committed = backend_.rank() != 0 || why.empty() ? 1 : 0;
+  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&committed, 1)), 0, opts_.op);
+  if (!committed) {
+    SINEW_THROW(CheckpointError, "checkpoint of step {} not committed: {}", res.step,
+                why.empty() ? "rank 0 could not write the manifest" : why);
   }
   return res;
 }
@@ -396,7 +401,11 @@ SaveResult Writer::save(const TrainingState& state) {
     return res;
   }
   const Local local = write_local(state);
-  return commit(state, local, seconds_since(t0) * 1e3);
+  Gathered g = gather(state, local, seconds_since(t0) * 1e3);
+  const auto t1 = Clock::now();
+  const std::string why = backend_.rank() == 0 ? commit_local(state, g) : std::string();
+  g.res.commit_ms = seconds_since(t1) * 1e3;
+  return announce(g.res, why);
 }
 
 bool Writer::save_async(TrainingState state) {
@@ -415,20 +424,46 @@ bool Writer::save_async(TrainingState state) {
   return true;
 }
 
-std::optional<SaveResult> Writer::finish_async() {
+std::optional<SaveResult> Writer::progress_async() {
   if (!async_) return std::nullopt;
-  return complete_async();
+  Async& j = *async_;
+  if (j.thread.joinable()) j.thread.join();
+  if (!j.gathered) {
+    // Every shard is durable: rank 0 writes the manifest and renames in the background, so its fsyncs
+    // stay off the training thread. The others learn the outcome at the next call.
+    try {
+      j.gathered = std::make_unique<Gathered>(gather(j.state, j.local, j.write_ms));
+    } catch (...) {
+      async_.reset();
+      throw;
+    }
+    if (backend_.rank() == 0) {
+      j.done.store(false, std::memory_order_release);
+      j.commit_start = Clock::now();
+      j.thread = std::thread([this, &j] {
+        j.why = commit_local(j.state, *j.gathered);
+        j.commit_ms = seconds_since(j.commit_start) * 1e3;
+        j.done.store(true, std::memory_order_release);
+      });
+    }
+    return std::nullopt;
+  }
+  auto job = std::move(async_);
+  SaveResult res = job->gathered->res;
+  res.commit_ms = job->commit_ms;
+  return announce(res, job->why);
 }
 
-SaveResult Writer::complete_async() {
-  auto job = std::move(async_);
-  job->thread.join();
-  return commit(job->state, job->local, job->write_ms);
+std::optional<SaveResult> Writer::finish_async() {
+  std::optional<SaveResult> res;
+  while (async_) res = progress_async();
+  return res;
 }
 
 Writer::~Writer() {
   // A write still in flight finishes its local part; without the collective commit it stays .partial
-  // and is never loaded (the next Writer on this directory removes it).
+  // and is never loaded (the next Writer on this directory removes it). A commit in flight on rank 0
+  // completes: every shard of it is already durable.
   if (async_ && async_->thread.joinable()) async_->thread.join();
 }
 

@@ -73,17 +73,23 @@ class Writer {
   /// asynchronous save in flight first.
   SaveResult save(const TrainingState& state);
 
-  /// Collective: starts an asynchronous save of `state` (a snapshot the writer now owns): each rank
-  /// writes and syncs its shard on a background thread while training goes on. At most one is in
-  /// flight: a save in flight is completed first. Returns false if this step is already committed.
+  /// Collective: starts an asynchronous save of `state` (a snapshot the writer now owns). It goes through
+  /// two background stages, each started by progress_async() once every rank is ready for it: each rank
+  /// writes and syncs its shard on a background thread while training goes on; then (after a small
+  /// collective that gathers the shards' checksums) rank 0 writes the manifest, syncs it and renames the
+  /// directory on a background thread. At most one save is in flight: a save in flight is completed
+  /// first. Returns false if this step is already committed.
   bool save_async(TrainingState state);
-  /// Local: whether this rank's background write has finished (the caller agrees on it with the group,
-  /// then calls finish_async(), which then does not wait).
-  [[nodiscard]] bool async_done() const noexcept {
+  /// Local: whether this rank's part of the current stage is done, so that progress_async() will not
+  /// wait (the caller agrees on it with the group first).
+  [[nodiscard]] bool async_ready() const noexcept {
     return async_ && async_->done.load(std::memory_order_acquire);
   }
-  /// Collective: waits for the save in flight, if any, and commits it. A failed write surfaces here as
-  /// CheckpointError, on every rank: never lost.
+  /// Collective: moves the save in flight to its next stage, waiting for this rank's part of the
+  /// current one. Returns the result once the save is committed. A failed write or commit surfaces here
+  /// as CheckpointError, on every rank: never lost.
+  std::optional<SaveResult> progress_async();
+  /// Collective: completes the save in flight, if any (both stages, waiting as needed).
   std::optional<SaveResult> finish_async();
   [[nodiscard]] bool async_in_flight() const noexcept { return async_ != nullptr; }
 
@@ -104,18 +110,24 @@ class Writer {
     std::vector<std::uint32_t> crcs;
     std::string why;
   };
+  struct Gathered;  // every rank's outcome and checksums, agreed on (checkpoint.cpp)
   struct Async {
     TrainingState state;
     Local local;
     double write_ms = 0;
-    std::chrono::steady_clock::time_point start;
-    std::atomic<bool> done{false};
+    std::chrono::steady_clock::time_point start, commit_start;
+    std::atomic<bool> done{false};  // this rank's part of the current stage
     std::thread thread;
+    std::unique_ptr<Gathered> gathered;  // set once the shards are written: stage two (rank 0 commits)
+    std::string why;                     // rank 0: why the commit failed (empty: committed)
+    double commit_ms = 0;
   };
   bool prepare(const TrainingState& state);             // collective; false: already committed
   Local write_local(const TrainingState& state) const;  // local I/O only
-  SaveResult commit(const TrainingState& state, const Local& local, double write_ms);  // collective
-  SaveResult complete_async();
+  Gathered gather(const TrainingState& state, const Local& local, double write_ms);  // collective
+  /// Rank 0, local: manifest, fsyncs, rename, prune. Returns why it failed, empty if committed.
+  [[nodiscard]] std::string commit_local(const TrainingState& state, const Gathered& g) const;
+  SaveResult announce(SaveResult res, const std::string& why);  // collective: rank 0's outcome
 
   std::string dir_;
   comm::Backend& backend_;

@@ -501,10 +501,12 @@ struct Trainer::Impl {
     }
   }
 
-  /// Commits the asynchronous checkpoint in flight (collective; waits for the local write if needed).
-  void finish_checkpoint(Summary& sum) {
+  /// Moves the asynchronous checkpoint in flight on (collective): with `wait`, to its commit, waiting as
+  /// needed; without, to its next stage (the caller has agreed that every rank is ready for it).
+  void finish_checkpoint(Summary& sum, bool wait = true) {
     try {
-      if (auto r = writer->finish_async()) report(*r, pending_reason.c_str());
+      if (auto r = wait ? writer->finish_async() : writer->progress_async())
+        report(*r, pending_reason.c_str());
     } catch (const CheckpointError& e) {
       failed_checkpoint(pending_reason.c_str(), e, sum);
     }
@@ -800,10 +802,10 @@ struct Trainer::Impl {
     if (step % kControlEvery != 0 && !checkpoint_due && !resize_due) return After::kContinue;
     const auto tc = Clock::now();
     // One small collective agrees on a stop signal (which may reach only some ranks), on leave requests,
-    // and on whether every rank's background checkpoint write is done.
+    // and on whether every rank is done with its part of the background checkpoint's current stage.
     std::vector<std::int64_t> control(2 + static_cast<std::size_t>(world), 0);
     control[0] = g_stop_signal.load();
-    control[1] = writer && writer->async_in_flight() && !writer->async_done() ? 1 : 0;
+    control[1] = writer && writer->async_in_flight() && !writer->async_ready() ? 1 : 0;
     control[2 + static_cast<std::size_t>(rank)] = g_leave_signal.load() != 0 ? 1 : 0;
     backend->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(control)), comm::ReduceOp::kMax, op);
     std::vector<bool> leaving(static_cast<std::size_t>(world), false);
@@ -820,7 +822,7 @@ struct Trainer::Impl {
         spdlog::warn("signal {} received: checkpointing at step {} and stopping", control[0], step);
     }
     if (writer && writer->async_in_flight() && (control[1] == 0 || asked > 0 || resize_due))
-      finish_checkpoint(sum);
+      finish_checkpoint(sum, /*wait=*/asked > 0 || resize_due);
     if (writer && (next == After::kStop || checkpoint_due)) {
       checkpoint_or_report(next == After::kStop ? "signal" : "periodic", sum,
                            cfg.checkpoint_async && next != After::kStop && asked == 0 && !resize_due);
