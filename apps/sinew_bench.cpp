@@ -1,24 +1,30 @@
 // sinew-bench: communication and training benchmarks.
 //
-//   sinew-bench allreduce   size sweep in the nccl-tests format, Sinew's bucketed path vs MPI_Allreduce
+//   sinew-bench allreduce   size sweep in the nccl-tests format, vs MPI_Allreduce: Sinew's bucketed path
+//                           (--impl mpi), its own ring (ring) or ByteGrad, 8-bit compressed (bytegrad)
 //   sinew-bench train-step  mean training-step time of a model (default: MLP 784-512-512-10, batch 64/rank)
 //   sinew-bench checkpoint  checkpoint write throughput vs dd with fdatasync on the same filesystem, restore
 //   time
 //
 // busbw for allreduce = algbw * 2(n-1)/n (nccl-tests' convention), so figures are comparable across rank
-// counts. #wrong counts elements that differ from the exact expected sum (inputs are small integers, so
-// any correct reduction order gives the exact value).
+// counts; for bytegrad it is the effective bandwidth (of the float buffer, not of the compressed bytes).
+// #wrong counts elements that differ from the exact expected sum (inputs are small integers, so any
+// correct reduction order gives the exact value); for bytegrad, elements beyond its documented error
+// bound. The wire column is the bytes rank 0 sent per byte of buffer (2(n-1)/n for a ring).
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "common.hpp"
+#include "sinew/algo/collectives.hpp"
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
@@ -38,16 +44,19 @@ struct AllreduceRow {
   std::size_t bytes = 0;
   double sinew_us = 0, mpi_us = 0;
   std::size_t sinew_wrong = 0, mpi_wrong = 0;
+  double wire = 0;  ///< bytes rank 0 sent per byte of buffer; 0 when unknown (inside MPI)
 };
 
 void fill(std::vector<float>& v, int rank) {
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((rank + 1) * ((i % 7) + 1));
 }
 
-std::size_t count_wrong(const std::vector<float>& v, int world) {
-  const float ranks_sum = static_cast<float>(world * (world + 1) / 2);
+/// Elements further than `tol` from the exact sum of fill(); NaN counts as wrong.
+std::size_t count_wrong(const std::vector<float>& v, int world, float tol) {
+  const float ranks_sum = static_cast<float>(world * (world + 1)) / 2;
   std::size_t wrong = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) wrong += v[i] != ranks_sum * static_cast<float>((i % 7) + 1);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    wrong += !(std::abs(v[i] - ranks_sum * static_cast<float>((i % 7) + 1)) <= tol);
   return wrong;
 }
 
@@ -64,11 +73,11 @@ double time_collective(MPI_Comm comm, int warmup, int iters, Op&& op) {
 }
 
 int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicator& world) {
-  std::size_t min_bytes = 8, max_bytes = 64u << 20, layer_kib = 256;
+  std::size_t min_bytes = 8, max_bytes = 64u << 20, layer_kib = 256, chunk = 1024;
   double bucket_mb = 4;
   int iters = 20, warmup = 3;
   bool overlap = true;
-  std::string json;
+  std::string json, impl = "mpi";
   po::options_description d("sinew-bench allreduce");
   d.add_options()("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest message")(
       "max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest message (doubling)")(
@@ -78,6 +87,9 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
       "overlap", po::value(&overlap)->default_value(overlap), "reduce on the communication thread")(
       "iters", po::value(&iters)->default_value(iters), "timed iterations per size")(
       "warmup", po::value(&warmup)->default_value(warmup), "untimed iterations per size")(
+      "impl", po::value(&impl)->default_value(impl),
+      "mpi (bucketed MPI_Allreduce, the training path), ring (Sinew's ring), bytegrad (8-bit compressed)")(
+      "chunk", po::value(&chunk)->default_value(chunk), "bytegrad: elements per quantisation chunk")(
       "json", po::value(&json), "also write the rows as JSON to this file");
   po::variables_map vm;
   try {
@@ -87,25 +99,32 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     SINEW_THROW(InvalidArgument, "{}; see sinew-bench allreduce --help", e.what());
   }
   if (min_bytes < 4 || max_bytes < min_bytes || iters < 1 || warmup < 0 || layer_kib < 1 ||
-      !(bucket_mb > 0)) {
+      !(bucket_mb > 0) || chunk < 1 || (impl != "mpi" && impl != "ring" && impl != "bytegrad")) {
     SINEW_THROW(InvalidArgument,
                 "sinew-bench allreduce: need 4 <= min-bytes <= max-bytes, iters >= 1, warmup >= 0, "
-                "layer-kib >= 1, bucket-mb > 0");
+                "layer-kib >= 1, bucket-mb > 0, chunk >= 1, impl mpi, ring or bytegrad");
   }
+  const char* label = impl == "mpi" ? "sinew" : impl.c_str();
   const int rank = world.rank(), n = world.size();
   comm::mpi::MpiBackend backend(world);
   mpi::Communicator plain = world.dup();
   const double factor = 2.0 * (n - 1) / n;
   if (rank == 0) {
-    std::printf("# sinew-bench allreduce: %d ranks, %s, bucket %.1f MiB, overlap %s, layer ranges %zu KiB\n",
-                n, mpi::library_version().c_str(), bucket_mb, overlap ? "on" : "off", layer_kib);
+    const std::string setup = impl == "mpi"
+                                  ? fmt::format("bucket {:.1f} MiB, overlap {}, layer ranges {} KiB",
+                                                bucket_mb, overlap ? "on" : "off", layer_kib)
+                              : impl == "ring" ? std::string("ring on the whole buffer")
+                                               : fmt::format("bytegrad on the whole buffer, chunk {}", chunk);
+    std::printf("# sinew-bench allreduce: %d ranks, %s, %s\n", n, mpi::library_version().c_str(),
+                setup.c_str());
     std::printf("# busbw = algbw * 2(n-1)/n\n");
-    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "", "", "", "", "sinew",
-                "", "", "", "MPI_Allreduce", "", "", "", "");
-    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "size", "count", "type",
-                "redop", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "ratio");
-    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "(B)", "(elements)", "",
-                "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "busbw");
+    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s %6s\n", "", "", "", "", label,
+                "", "", "", "MPI_Allreduce", "", "", "", "", "");
+    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s %6s\n", "size", "count",
+                "type", "redop", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
+                "ratio", "wire");
+    std::printf("#%10s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s %6s\n", "(B)", "(elements)",
+                "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "busbw", "(B/B)");
   }
   std::vector<AllreduceRow> rows;
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
@@ -122,17 +141,32 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     comm::BucketOptions bo;
     bo.bucket_bytes = static_cast<std::size_t>(bucket_mb * (1 << 20));
     bo.overlap = overlap;
-    comm::GradientBucketer bucketer(backend, buf, ranges, bo);
+    std::optional<comm::GradientBucketer> bucketer;
+    if (impl == "mpi") bucketer.emplace(backend, buf, ranges, bo);
+    algo::CommStats stats;
+    const auto reduce = [&] {
+      if (impl == "ring") {
+        algo::ring_allreduce(backend, buf, bo.op, &stats);
+      } else if (impl == "bytegrad") {
+        algo::compressed_allreduce(backend, buf, chunk, {}, bo.op, &stats);
+      } else {
+        for (const auto& r : ranges) bucketer->mark_ready(r);
+        bucketer->finish();
+      }
+    };
     AllreduceRow row;
     row.bytes = bytes;
-    row.sinew_us = time_collective(world.get(), warmup, iters, [&] {
-      for (const auto& r : ranges) bucketer.mark_ready(r);
-      bucketer.finish();
-    });
+    // Timed on the zero buffer: repeated sums stay finite, which bytegrad needs, and its codec does the
+    // same work on constant chunks.
+    row.sinew_us = time_collective(world.get(), warmup, iters, reduce);
     fill(buf, rank);
-    for (const auto& r : ranges) bucketer.mark_ready(r);
-    bucketer.finish();
-    row.sinew_wrong = count_wrong(buf, n);
+    stats = {};
+    reduce();
+    // ByteGrad's bound (algo/collectives.hpp) with fill()'s ranges, 6(k+1) at rank k and 6n(n+1)/2 for
+    // the sum: sum_k 6(k+1)/510 + 6n(n+1)/2/510, plus 1 % for the first stage's error in the sum.
+    const float tol = impl == "bytegrad" ? 6.f * static_cast<float>(n * (n + 1)) / 510.f * 1.01f : 0.f;
+    row.sinew_wrong = count_wrong(buf, n, tol);
+    if (impl != "mpi") row.wire = static_cast<double>(stats.bytes_sent) / static_cast<double>(bytes);
     row.mpi_us = time_collective(world.get(), warmup, iters, [&] {
       SINEW_MPI(
           MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, plain.get()));
@@ -140,7 +174,7 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     fill(buf, rank);
     SINEW_MPI(
         MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, plain.get()));
-    row.mpi_wrong = count_wrong(buf, n);
+    row.mpi_wrong = count_wrong(buf, n, 0.f);
     std::size_t wrong[2] = {row.sinew_wrong, row.mpi_wrong};
     SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, wrong, 2, MPI_UINT64_T, MPI_SUM, world.get()));
     row.sinew_wrong = wrong[0];
@@ -149,9 +183,10 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     if (rank == 0) {
       const double alg_s = static_cast<double>(bytes) / row.sinew_us / 1e3,
                    alg_m = static_cast<double>(bytes) / row.mpi_us / 1e3;
-      std::printf(" %10zu %12zu %6s %6s | %10.1f %8.3f %8.3f %6zu | %10.1f %8.3f %8.3f %6zu | %6.2f\n", bytes,
-                  count, "float", "sum", row.sinew_us, alg_s, alg_s * factor, row.sinew_wrong, row.mpi_us,
-                  alg_m, alg_m * factor, row.mpi_wrong, row.mpi_us / row.sinew_us);
+      const std::string wire = row.wire > 0 ? fmt::format("{:.3f}", row.wire) : "-";
+      std::printf(" %10zu %12zu %6s %6s | %10.1f %8.3f %8.3f %6zu | %10.1f %8.3f %8.3f %6zu | %6.2f %6s\n",
+                  bytes, count, "float", "sum", row.sinew_us, alg_s, alg_s * factor, row.sinew_wrong,
+                  row.mpi_us, alg_m, alg_m * factor, row.mpi_wrong, row.mpi_us / row.sinew_us, wire.c_str());
       std::fflush(stdout);
     }
   }
@@ -168,12 +203,14 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
   if (rank == 0) {
     std::printf("# Out of bounds values : %zu %s\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
     if (big > 0)
-      std::printf("# sinew/MPI busbw ratio, mean over sizes >= 4 MiB: %.3f\n", big_ratio_sum / big);
+      std::printf("# %s/MPI busbw ratio, mean over sizes >= 4 MiB: %.3f\n", label, big_ratio_sum / big);
     if (!json.empty()) {
       nlohmann::json j = nlohmann::json::array();
       for (const auto& r : rows) {
         j.push_back({{"bytes", r.bytes},
                      {"ranks", n},
+                     {"impl", impl},
+                     {"wire_bytes_per_byte", r.wire},
                      {"sinew_us", r.sinew_us},
                      {"mpi_us", r.mpi_us},
                      {"sinew_busbw_gbs", static_cast<double>(r.bytes) / r.sinew_us / 1e3 * factor},

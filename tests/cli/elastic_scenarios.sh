@@ -24,14 +24,15 @@ d=$(mktemp -d -p "$workdir")  # one fresh directory per run of the scenario
 trap 'rm -rf "$d"' EXIT
 
 common=(--dataset fashion-mnist --limit-train $limit --limit-test 2000 --model mlp:64 --epochs $epochs
-        --batch-size 32 --lr 0.05 --progress false --log-every 5
+        --batch-size 32 --progress false --log-every 5
         --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --checkpoint-dir "$d/ckpt" --checkpoint-every 25)
 
 # run DEADLINE_S [sinew-train options...]: the job, with a deadline so that a hang fails the scenario.
 run() {
   local deadline=$1
   shift
-  timeout -k 5 "$deadline" "${mpiexec[@]}" -n $n "$train" "${common[@]}" --timeout-ms 30000 "$@" >"$d/out.txt" 2>&1
+  timeout -k 5 "$deadline" "${mpiexec[@]}" -n $n "$train" "${common[@]}" --lr "${lr:-0.05}" --timeout-ms 30000 "$@" \
+    >"$d/out.txt" 2>&1
 }
 
 # check [check_run.py options...]: exit status, events, accuracy, audit.
@@ -166,6 +167,36 @@ case "$scenario" in
     grep -q '"reason":"min-ranks"' "$d/metrics.jsonl" || { echo "FAIL min-ranks: no checkpoint before stopping"; exit 1; }
     grep -q "below --min-ranks 4" "$d/out.txt" || { echo "FAIL min-ranks: no message"; exit 1; }
     echo "ok   min-ranks"
+    ;;
+  algo-async-resize | algo-lpd-grow)
+    # Membership changes rebuild an algorithm's state: async's background thread and communicator (ranks
+    # leave, then spawned ones join), the low-precision estimates of the neighbours (a spawned replacement).
+    if [ "$scenario" = algo-async-resize ]; then
+      run 150 --algorithm async --resize-schedule 20:2,60:4
+      check $? --failures 0 --event shrink --event grow --field done.algorithm=async --final-world-size 4
+    else
+      run 150 --algorithm low_precision_decentralized --inject-fault 3:allreduce:30
+      check $? --failures 1 --event grow --field done.algorithm=low_precision_decentralized --final-world-size 4
+    fi
+    ;;
+  algo-*)
+    # Every communication algorithm converges and survives a rank killed in its exchange (for the
+    # relaxed ones: the model exchange after the step, or QAdam's compressed momentum), at step 60.
+    a=${scenario#algo-}
+    extra=()
+    case $a in
+      ring) a=gradient_allreduce; extra=(--allreduce ring) ;;
+      bytegrad) extra=(--error-feedback true) ;;
+      qadam) extra=(--optimizer adam --qadam-warmup-steps 30); lr=0.002 ;;
+      decentralized) extra=(--peer-selection shift_one) ;;
+    esac
+    run 150 --grow false --algorithm "$a" "${extra[@]}" --inject-fault 2:allreduce:60
+    rc=$?
+    if [ "$a" = auto ]; then
+      check $rc --failures 1 --event recovered --event algorithm:2 --final-world-size 3
+    else
+      check $rc --failures 1 --event recovered --field done.algorithm="$a" --final-world-size 3
+    fi
     ;;
   kill9)
     run 120 --grow false --step-sleep-ms 15 &

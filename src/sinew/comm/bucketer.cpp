@@ -88,7 +88,9 @@ void GradientBucketer::reduce(std::size_t b, bool blocking) {
   const Range r = buckets_[b].range;
   const auto start = Clock::now();
   const Buffer buf = Buffer::of(grads_.subspan(r.offset, r.count));
-  if (blocking) {
+  if (opts_.reduce) {
+    opts_.reduce(grads_.subspan(r.offset, r.count), r.offset);
+  } else if (blocking) {
     backend_.allreduce_blocking(buf, ReduceOp::kSum);
   } else {
     backend_.allreduce(buf, ReduceOp::kSum, opts_.op)->wait(opts_.op.timeout);

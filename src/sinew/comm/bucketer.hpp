@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -42,6 +43,10 @@ struct BucketOptions {
   std::size_t bucket_bytes = 4u << 20;  ///< target bucket size; a range larger than this is a bucket alone
   bool overlap = true;                  ///< reduce on a communication thread while backward runs
   Options op;                           ///< per-allreduce options (deadline)
+  /// Replaces the backend's allreduce: reduces one bucket in place (the sum over ranks), e.g. our ring or
+  /// ByteGrad (algo/). Arguments: the bucket and its offset in the gradients. It runs on the
+  /// communication thread with overlap and must bound its own waits by `op.timeout`.
+  std::function<void(std::span<float>, std::size_t)> reduce;
 };
 
 class GradientBucketer {

@@ -34,7 +34,14 @@ struct Config {
   std::int64_t lr_step_size = 1000;
   float lr_gamma = 0.1f;
   // communication
-  std::string algorithm = "gradient_allreduce";
+  std::string algorithm = "gradient_allreduce";  ///< docs/algorithms.md (algo::algorithm_names())
+  std::string allreduce = "mpi";                 ///< gradient_allreduce: mpi | ring
+  std::size_t compress_chunk = 2048;             ///< elements per 8-bit quantisation chunk
+  bool error_feedback = false;                   ///< bytegrad: carry the quantisation residual
+  std::int64_t qadam_warmup_steps = 100;         ///< qadam: exact Adam steps before freezing the variance
+  std::string peer_selection = "all";            ///< decentralized: all | shift_one
+  int comm_interval = 1;                         ///< decentralized algorithms: average every N steps
+  int sync_interval_ms = 50;                     ///< async: background averaging period
   double bucket_mb = 4.0;
   bool overlap = true;
   int timeout_ms = 300000;  ///< deadline of every collective

@@ -58,7 +58,23 @@ po::options_description describe(Config& c, std::string& config_file) {
       "steps between decays (step schedule)")("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma),
                                               "decay factor (step schedule)");
   po::options_description comm("Communication");
-  comm.add_options()("algorithm", po::value(&c.algorithm)->default_value(c.algorithm), "gradient_allreduce")(
+  comm.add_options()("algorithm", po::value(&c.algorithm)->default_value(c.algorithm),
+                     "gradient_allreduce | bytegrad | qadam | decentralized | low_precision_decentralized | "
+                     "async | auto (docs/algorithms.md)")(
+      "allreduce", po::value(&c.allreduce)->default_value(c.allreduce),
+      "gradient_allreduce's implementation: mpi (the library's) | ring (Sinew's, over point-to-point)")(
+      "compress-chunk", po::value(&c.compress_chunk)->default_value(c.compress_chunk)->value_name("N"),
+      "elements per 8-bit min-max quantisation chunk (bytegrad, qadam, low_precision_decentralized)")(
+      "error-feedback", po::value(&c.error_feedback)->default_value(c.error_feedback)->value_name("BOOL"),
+      "bytegrad: add each step's quantisation error to the next step's gradients")(
+      "qadam-warmup-steps", po::value(&c.qadam_warmup_steps)->default_value(c.qadam_warmup_steps),
+      "qadam: exact Adam steps before the variance is frozen and momenta are exchanged compressed")(
+      "peer-selection", po::value(&c.peer_selection)->default_value(c.peer_selection),
+      "decentralized: all (average with every rank) | shift_one (one peer per round, changing)")(
+      "comm-interval", po::value(&c.comm_interval)->default_value(c.comm_interval)->value_name("STEPS"),
+      "decentralized, low_precision_decentralized: average models every N steps")(
+      "sync-interval-ms", po::value(&c.sync_interval_ms)->default_value(c.sync_interval_ms),
+      "async: average models in the background this often")(
       "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "gradient bucket size in MiB")(
       "overlap", po::value(&c.overlap)->default_value(c.overlap)->value_name("BOOL"),
       "reduce buckets on a communication thread during backward")(
@@ -241,8 +257,25 @@ void validate(const Config& c) {
          {"gradient_allreduce", "bytegrad", "qadam", "decentralized", "low_precision_decentralized", "async",
           "auto"},
          "--algorithm");
-  reserved(c.algorithm != "gradient_allreduce", "--algorithm",
-           "the relaxed algorithms (bytegrad, qadam, ...)");
+  one_of(c.allreduce, {"mpi", "ring"}, "--allreduce");
+  one_of(c.peer_selection, {"all", "shift_one"}, "--peer-selection");
+  if (c.compress_chunk < 1 || c.compress_chunk > (1u << 24)) {
+    SINEW_THROW(InvalidArgument, "--compress-chunk must be between 1 and 16777216, got {}", c.compress_chunk);
+  }
+  if (c.qadam_warmup_steps < 1) {
+    SINEW_THROW(InvalidArgument,
+                "--qadam-warmup-steps must be >= 1 (Adam needs a variance to freeze), got {}",
+                c.qadam_warmup_steps);
+  }
+  if (c.algorithm == "qadam" && c.optimizer != "adam") {
+    SINEW_THROW(InvalidArgument, "--algorithm qadam needs --optimizer adam (got --optimizer {})",
+                c.optimizer);
+  }
+  if (c.comm_interval < 1)
+    SINEW_THROW(InvalidArgument, "--comm-interval must be >= 1, got {}", c.comm_interval);
+  if (c.sync_interval_ms < 1 || c.sync_interval_ms > 600000) {
+    SINEW_THROW(InvalidArgument, "--sync-interval-ms must be in [1, 600000], got {}", c.sync_interval_ms);
+  }
   one_of(c.elastic, {"off", "inplace", "restart"}, "--elastic");
   one_of(c.lr_scaling, {"none", "linear", "sqrt"}, "--lr-scaling");
   if (c.min_ranks < 1) SINEW_THROW(InvalidArgument, "--min-ranks must be >= 1, got {}", c.min_ranks);
@@ -295,6 +328,13 @@ nlohmann::json to_json(const Config& c) {
           {"lr_step_size", c.lr_step_size},
           {"lr_gamma", c.lr_gamma},
           {"algorithm", c.algorithm},
+          {"allreduce", c.allreduce},
+          {"compress_chunk", c.compress_chunk},
+          {"error_feedback", c.error_feedback},
+          {"qadam_warmup_steps", c.qadam_warmup_steps},
+          {"peer_selection", c.peer_selection},
+          {"comm_interval", c.comm_interval},
+          {"sync_interval_ms", c.sync_interval_ms},
           {"bucket_mb", c.bucket_mb},
           {"elastic", c.elastic},
           {"lr_scaling", c.lr_scaling},

@@ -17,6 +17,7 @@
 #include <system_error>
 #include <thread>
 
+#include "sinew/algo/algorithm.hpp"
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
@@ -188,6 +189,7 @@ struct Trainer::Impl {
 
   // Rebuilt on every change of membership (connect()).
   std::unique_ptr<comm::mpi::MpiBackend> backend;
+  std::unique_ptr<algo::Algorithm> algorithm;
   std::unique_ptr<comm::GradientBucketer> bucketer;
   std::unique_ptr<checkpoint::Writer> writer;
 
@@ -235,9 +237,9 @@ struct Trainer::Impl {
       synchronise();
       rescale(0, "grow");
     } else {
-      connect();
       // A relaunch by the supervisor (restart mode) appends to the first launch's metrics.
-      if (backend->rank() == 0 && !cfg.metrics.empty()) metrics = MetricsWriter(cfg.metrics, generation > 0);
+      if (group.rank() == 0 && !cfg.metrics.empty()) metrics = MetricsWriter(cfg.metrics, generation > 0);
+      connect();
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
       backend->broadcast_sync(comm::Buffer::of(net.params()), 0, op);
       resume();
@@ -267,6 +269,7 @@ struct Trainer::Impl {
   /// Collective (duplicates the view's communicator; the writer agrees on its directory).
   void connect() {
     bucketer.reset();
+    algorithm.reset();
     writer.reset();
     backend = std::make_unique<comm::mpi::MpiBackend>(group.comm());
     if (!cfg.checkpoint_dir.empty()) {
@@ -275,17 +278,70 @@ struct Trainer::Impl {
       wo.op = op;
       writer = std::make_unique<checkpoint::Writer>(cfg.checkpoint_dir, *backend, wo);
     }
+    log::set_rank(backend->rank(), backend->size());
+    if (backend->rank() == 0 && !metrics.enabled() && !cfg.metrics.empty()) {
+      metrics = MetricsWriter(cfg.metrics, /*append=*/true);  // rank 0 died: its successor takes over
+    }
+    algorithm = algo::make_algorithm(algorithm_options(), algorithm_context());
     std::vector<comm::Range> ranges;
     for (const auto& r : net.grad_ready_order()) ranges.push_back({r.offset, r.count});
     comm::BucketOptions bo;
     bo.bucket_bytes = static_cast<std::size_t>(cfg.bucket_mb * (1 << 20));
     bo.overlap = cfg.overlap;
     bo.op = op;
-    bucketer = std::make_unique<comm::GradientBucketer>(*backend, net.grads(), ranges, bo);
-    log::set_rank(backend->rank(), backend->size());
-    if (backend->rank() == 0 && !metrics.enabled() && !cfg.metrics.empty()) {
-      metrics = MetricsWriter(cfg.metrics, /*append=*/true);  // rank 0 died: its successor takes over
+    if (!algorithm->uses_backend_allreduce()) {
+      bo.reduce = [a = algorithm.get()](std::span<float> b, std::size_t offset) {
+        a->reduce_bucket(b, offset);
+      };
     }
+    bucketer = std::make_unique<comm::GradientBucketer>(*backend, net.grads(), ranges, bo);
+  }
+
+  [[nodiscard]] algo::AlgorithmOptions algorithm_options() const {
+    algo::AlgorithmOptions o;
+    o.name = cfg.algorithm;
+    o.allreduce = cfg.allreduce;
+    o.chunk = cfg.compress_chunk;
+    o.error_feedback = cfg.error_feedback;
+    o.qadam_warmup_steps = cfg.qadam_warmup_steps;
+    o.peer_selection = cfg.peer_selection;
+    o.comm_interval = cfg.comm_interval;
+    o.sync_interval_ms = cfg.sync_interval_ms;
+    return o;
+  }
+
+  algo::Context algorithm_context() {
+    algo::Context c{*backend, net.params(), net.grads(), *optimizer, op, {}, {}, {}};
+    c.make_backend = [this] { return std::make_unique<comm::mpi::MpiBackend>(group.comm()); };
+    c.compute_ms = [this] { return probe_compute_ms(); };
+    c.event = [this](const nlohmann::json& ev) {
+      nlohmann::json e = ev;
+      e["step"] = step;
+      metrics.write(e);
+      if (backend->rank() == 0)
+        spdlog::info("algorithm: {} ({})", ev.value("chosen", ""), ev.value("reason", ""));
+    };
+    return c;
+  }
+
+  /// One step's forward and backward on this rank's batch, without communication (median of 3, ms): what
+  /// `--algorithm auto` weighs communication against. Leaves the parameters untouched.
+  double probe_compute_ms() {
+    std::vector<std::size_t> idx(std::min(cfg.batch_size, data.train.size()));
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    x_.resize(data.train.dim(), static_cast<Eigen::Index>(idx.size()));
+    labels_.resize(idx.size());
+    data.train.gather(idx, x_.data(), labels_.data());
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+      const auto t = Clock::now();
+      const Matrix& logits = net.forward(x_);
+      model::softmax_cross_entropy(logits, labels_, dlogits_, static_cast<double>(idx.size()));
+      net.backward(dlogits_);
+      ms.push_back(ms_since(t));
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[1];
   }
 
   /// Drops everything built over the old view (after a failure, before a change).
@@ -341,6 +397,14 @@ struct Trainer::Impl {
     st.optimizer_steps = optimizer->steps();
     st.world_size = backend->size();
     st.config_json = to_json(cfg).dump();
+    // Per-rank algorithm state (error-feedback residuals) as world_size blocks: rank r's shard of the
+    // tensor is exactly its own block (docs/checkpoint-format.md).
+    const auto r = static_cast<std::size_t>(backend->rank());
+    for (const auto& [name, buf] : algorithm->rank_state()) {
+      auto& t = st.tensors[name];
+      t.assign(buf.size() * static_cast<std::size_t>(backend->size()), 0.f);
+      std::copy(buf.begin(), buf.end(), t.begin() + static_cast<std::ptrdiff_t>(r * buf.size()));
+    }
     return st;
   }
 
@@ -399,6 +463,7 @@ struct Trainer::Impl {
       SINEW_THROW(InternalError, "training state differs across ranks after synchronising from rank {}",
                   root);
     }
+    algorithm->reset();
     return ms_since(t);
   }
 
@@ -467,6 +532,7 @@ struct Trainer::Impl {
           f.step == step)
         writer->arm_fault(checkpoint::WritePhase::kAfterShardData, backend->rank());
     }
+    algorithm->consensus();  // one model: decentralized ranks' models differ between consensus points
     if (async) {
       if (writer->save_async(snapshot())) pending_reason = why;
       return;
@@ -615,6 +681,27 @@ struct Trainer::Impl {
       std::copy(v.begin(), v.end(), buf.begin());
     }
     optimizer->set_steps(st.optimizer_steps);
+    // Per-rank algorithm state: this rank's block when the world size is the same, otherwise the blocks'
+    // sum spread evenly (what an error-feedback residual owes the group is kept); absent: zeros.
+    const auto world = static_cast<std::size_t>(backend->size()),
+               rank = static_cast<std::size_t>(backend->rank());
+    for (auto& [name, buf] : algorithm->rank_state()) {
+      std::fill(buf.begin(), buf.end(), 0.f);
+      auto it = st.tensors.find(name);
+      if (it == st.tensors.end() || buf.empty()) continue;
+      const auto& v = it->second;
+      const std::size_t blocks = v.size() / buf.size();
+      if (blocks * buf.size() != v.size() || blocks == 0)
+        SINEW_THROW(CheckpointError, "{}: tensor '{}' has {} elements, not a multiple of {}", path, name,
+                    v.size(), buf.size());
+      if (blocks == world) {
+        std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(rank * buf.size()), buf.size(), buf.begin());
+        continue;
+      }
+      for (std::size_t b = 0; b < blocks; ++b)
+        for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += v[b * buf.size() + i];
+      for (auto& x : buf) x /= static_cast<float>(world);
+    }
     sampler.set_position(st.epoch, st.cursor);
     // A checkpoint at an epoch's end may precede that epoch's evaluation: evaluate it (again) after resuming.
     last_eval_epoch = st.epoch - 1;
@@ -624,6 +711,7 @@ struct Trainer::Impl {
 
   /// Test-set loss and accuracy; every rank evaluates a contiguous shard, the sums are reduced.
   std::pair<double, double> evaluate() {
+    algorithm->consensus();  // evaluate the group's one model
     const auto& test = data.test;
     const std::size_t n = test.size();
     const auto r = static_cast<std::size_t>(backend->rank());
@@ -654,6 +742,7 @@ struct Trainer::Impl {
   struct Window {
     double loss = 0, step_ms = 0, comm_ms = 0;
     std::int64_t steps = 0, samples = 0;
+    std::uint64_t bytes_sent = 0;  // by this rank, for the algorithm
     double total_step_ms = 0, total_comm_ms = 0;
     std::int64_t total_steps = 0;
     Clock::time_point last_progress = Clock::now();
@@ -683,12 +772,14 @@ struct Trainer::Impl {
     if (k > 1) accum.assign(net.num_params(), 0.f);
     float local_loss = 0;
     bool first_ready = true;
+    const bool reduce = algorithm->reduces_gradients(step + 1);
     auto ready = [&](model::ParamRange r) {
       if (k > 1) {
         auto g = net.grads().subspan(r.offset, r.count);
         const float* a = accum.data() + r.offset;
         for (std::size_t i = 0; i < r.count; ++i) g[i] += a[i];
       }
+      if (!reduce) return;
       bucketer->mark_ready({r.offset, r.count});
       if (first_ready) {
         first_ready = false;
@@ -726,16 +817,29 @@ struct Trainer::Impl {
         for (std::size_t i = 0; i < g.size(); ++i) accum[i] += g[i];
       }
     }
-    bucketer->finish();
+    double comm_ms = 0;
+    if (reduce) {
+      bucketer->finish();
+      comm_ms = bucketer->last_comm_ms();
+    }
+    // Without a gradient reduction the algorithm communicates in its step (qadam) or after it: the peers
+    // are about to enter that exchange.
+    if (!reduce) inject(FaultPhase::kAllreduce);
     inject(FaultPhase::kOptimizer);
-    optimizer->step(net.params(), net.grads(), lr);
+    algorithm->step(step + 1, lr);
+    const auto ta = Clock::now();
+    algorithm->after_step(step + 1);
+    if (!reduce) comm_ms += ms_since(ta);
     sampler.advance(total);
     ++step;
     const double step_ms = ms_since(ts);
+    const auto sent = algorithm->take_bytes_sent();
+    w.bytes_sent += sent;
+    sum.bytes_sent += sent;
     w.step_ms += step_ms;
-    w.comm_ms += bucketer->last_comm_ms();
+    w.comm_ms += comm_ms;
     w.total_step_ms += step_ms;
-    w.total_comm_ms += bucketer->last_comm_ms();
+    w.total_comm_ms += comm_ms;
     ++w.total_steps;
     w.loss += local_loss;
     w.samples += static_cast<std::int64_t>(total);
@@ -759,15 +863,17 @@ struct Trainer::Impl {
       const double mean_loss = agg[0] / static_cast<double>(w.steps);
       sum.final_train_loss = mean_loss;
       const double sps = static_cast<double>(w.samples) / (w.step_ms / 1e3);
-      metrics.write({{"step", step},
-                     {"epoch", sampler.epoch()},
-                     {"world_size", world},
-                     {"loss", mean_loss},
-                     {"lr", lr},
-                     {"samples_per_s", std::round(sps)},
-                     {"step_ms", w.step_ms / static_cast<double>(w.steps)},
-                     {"comm_ms", w.comm_ms / static_cast<double>(w.steps)},
-                     {"exposed_comm_ms", bucketer->last_exposed_ms()}});
+      metrics.write(
+          {{"step", step},
+           {"epoch", sampler.epoch()},
+           {"world_size", world},
+           {"loss", mean_loss},
+           {"lr", lr},
+           {"samples_per_s", std::round(sps)},
+           {"step_ms", w.step_ms / static_cast<double>(w.steps)},
+           {"comm_ms", w.comm_ms / static_cast<double>(w.steps)},
+           {"exposed_comm_ms", bucketer->last_exposed_ms()},
+           {"bytes_sent_per_step", static_cast<double>(w.bytes_sent) / static_cast<double>(w.steps)}});
       if (rank == 0 && cfg.progress && seconds_since(w.last_progress) > 2.0) {
         w.last_progress = Clock::now();
         const std::int64_t left = steps_remaining();
@@ -778,6 +884,7 @@ struct Trainer::Impl {
       }
       w.loss = w.step_ms = w.comm_ms = 0;
       w.steps = w.samples = 0;
+      w.bytes_sent = 0;
     }
   }
 
@@ -850,6 +957,7 @@ struct Trainer::Impl {
     const auto t = Clock::now();
     const int from = backend->size();
     const bool me = leaving[static_cast<std::size_t>(backend->rank())];
+    algorithm->consensus();  // what the leaving ranks learned stays with the group
     if (me) spdlog::info("leaving the group at step {} ({})", step, why);
     disconnect_clean();
     group.split_leave(me);
@@ -871,6 +979,7 @@ struct Trainer::Impl {
   /// order: the bucketer's thread and the writer use the backend.
   void disconnect_clean() noexcept {
     bucketer.reset();
+    algorithm.reset();
     writer.reset();
     backend.reset();
   }
@@ -1114,22 +1223,27 @@ struct Trainer::Impl {
     sum.mean_step_ms = w.total_steps > 0 ? w.total_step_ms / static_cast<double>(w.total_steps) : 0;
     sum.mean_comm_ms = w.total_steps > 0 ? w.total_comm_ms / static_cast<double>(w.total_steps) : 0;
     sum.samples_per_s = static_cast<double>(sum.samples) / (w.total_step_ms / 1e3);
-    metrics.write({{"event", "done"},
-                   {"test_accuracy", sum.test_accuracy},
-                   {"test_loss", sum.test_loss},
-                   {"train_loss", sum.final_train_loss},
-                   {"steps", sum.steps},
-                   {"epochs", sum.epochs},
-                   {"samples", sum.samples},
-                   {"world_size", sum.world_size},
-                   {"failures", sum.failures},
-                   {"wall_s", sum.wall_s},
-                   {"step_ms", sum.mean_step_ms},
-                   {"comm_ms", sum.mean_comm_ms},
-                   {"samples_per_s", std::round(sum.samples_per_s)},
-                   {"stopped_by_signal", sum.stopped_by_signal},
-                   {"below_min_ranks", sum.below_min_ranks},
-                   {"checkpoint_error", sum.checkpoint_error}});
+    metrics.write(
+        {{"event", "done"},
+         {"test_accuracy", sum.test_accuracy},
+         {"test_loss", sum.test_loss},
+         {"train_loss", sum.final_train_loss},
+         {"steps", sum.steps},
+         {"epochs", sum.epochs},
+         {"samples", sum.samples},
+         {"world_size", sum.world_size},
+         {"failures", sum.failures},
+         {"wall_s", sum.wall_s},
+         {"step_ms", sum.mean_step_ms},
+         {"comm_ms", sum.mean_comm_ms},
+         {"samples_per_s", std::round(sum.samples_per_s)},
+         {"train_s", w.total_step_ms / 1e3},
+         {"algorithm", algorithm->name()},
+         {"bytes_sent_per_step",
+          sum.steps > 0 ? static_cast<double>(sum.bytes_sent) / static_cast<double>(sum.steps) : 0.0},
+         {"stopped_by_signal", sum.stopped_by_signal},
+         {"below_min_ranks", sum.below_min_ranks},
+         {"checkpoint_error", sum.checkpoint_error}});
     return sum;
   }
 

@@ -28,6 +28,7 @@ struct Summary {
   double mean_step_ms = 0;
   double mean_comm_ms = 0;
   double samples_per_s = 0;
+  std::uint64_t bytes_sent = 0;  ///< bytes this rank sent for the communication algorithm
   double checkpoint_ms = 0;      ///< main-thread time spent on periodic checkpoints (not in step times)
   int stopped_by_signal = 0;     ///< SIGUSR1/SIGTERM stopped the run after a checkpoint (exit code 75)
   std::string checkpoint_error;  ///< last checkpoint failure, if any (the run then exits with code 4)

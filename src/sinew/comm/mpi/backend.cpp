@@ -72,15 +72,22 @@ class MpiWork final : public Work {
   }
 
   void wait(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
+    const auto start = Clock::now(), deadline = start + timeout;
     for (int spins = 0;; ++spins) {
       if (test()) return;
       if (spins > 64) {
-        if (Clock::now() > deadline) {
+        const auto now = Clock::now();
+        if (now > deadline) {
           SINEW_THROW(Timeout, "{} did not complete within {} ms; a peer is dead, stopped or far behind",
                       what_, timeout.count());
         }
-        std::this_thread::yield();
+        // A long wait (a slow link, a peer still computing) polls less often, leaving the core to the
+        // ranks and threads that share it; a short one stays responsive.
+        if (now - start > std::chrono::milliseconds(2)) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        } else {
+          std::this_thread::yield();
+        }
       }
     }
   }

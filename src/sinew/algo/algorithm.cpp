@@ -1,0 +1,526 @@
+#include "sinew/algo/algorithm.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "sinew/algo/quantize.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/timer.hpp"
+
+namespace sinew::algo {
+
+namespace {
+
+// Point-to-point tags of the model exchanges (the collectives of collectives.hpp use the context's tag).
+constexpr int kTagPeer = 101;     // shift_one: the whole model to this round's peer
+constexpr int kTagToRight = 102;  // low_precision_decentralized: a compressed difference to the right
+constexpr int kTagToLeft = 103;   // ... and to the left
+
+/// Bytes one rank sends in a bandwidth-optimal allreduce of `elements` floats over `n` ranks.
+std::uint64_t allreduce_bytes(std::size_t elements, int n) {
+  return n <= 1 ? 0
+                : 2 * static_cast<std::uint64_t>(n - 1) * elements * sizeof(float) /
+                      static_cast<std::uint64_t>(n);
+}
+
+/// Sends `out` to `to` and receives `in` from `from`, both with the context's deadline.
+void exchange(comm::Backend& b, comm::Buffer out, int to, comm::Buffer in, int from, comm::Options o,
+              int tag_out, int tag_in) {
+  o.tag = tag_in;
+  auto r = b.recv(in, from, o);
+  o.tag = tag_out;
+  auto s = b.send(out, to, o);
+  r->wait(o.timeout);
+  s->wait(o.timeout);
+}
+
+/// Local gradients as a rank's own mean: the trainer divides each rank's loss by the step's global sample
+/// count, so that summed gradients are the global mean; algorithms that step on local gradients scale back.
+void scale(std::span<float> v, float f) {
+  for (auto& x : v) x *= f;
+}
+
+// ---- exact and compressed gradient reduction ---------------------------------------------------------
+
+/// The baseline: every gradient bucket is summed exactly, with the MPI library's tuned allreduce (the
+/// bucketer's own path) or with our ring over point-to-point (faster on slow TCP links, see FACTS.md).
+class GradientAllreduce final : public Algorithm {
+ public:
+  GradientAllreduce(Context ctx, bool ring) : Algorithm(std::move(ctx)), ring_(ring) {}
+  [[nodiscard]] std::string name() const override { return "gradient_allreduce"; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
+  [[nodiscard]] bool uses_backend_allreduce() const override { return !ring_; }
+  void reduce_bucket(std::span<float> bucket, std::size_t) override {
+    ring_allreduce(ctx_.backend, bucket, ctx_.op, &stats_);
+  }
+  void step(std::int64_t s, float lr) override {
+    if (!ring_) stats_.bytes_sent += allreduce_bytes(ctx_.grads.size(), ctx_.backend.size());
+    Algorithm::step(s, lr);
+  }
+
+ private:
+  bool ring_;
+};
+
+/// Bagua's ByteGrad: buckets are reduced in 8-bit min-max quantised form (compressed_allreduce), about a
+/// quarter of the bytes. With error feedback (which Bagua lacks) the quantisation error of each step is
+/// added to the next step's gradients, so no gradient mass is lost, only delayed.
+class ByteGrad final : public Algorithm {
+ public:
+  ByteGrad(Context ctx, std::size_t chunk, bool error_feedback)
+      : Algorithm(std::move(ctx)), chunk_(chunk), residual_(error_feedback ? ctx_.grads.size() : 0, 0.f) {}
+  [[nodiscard]] std::string name() const override { return "bytegrad"; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
+  void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
+    std::span<float> res;
+    if (!residual_.empty()) res = std::span<float>(residual_).subspan(offset, bucket.size());
+    compressed_allreduce(ctx_.backend, bucket, chunk_, res, ctx_.op, &stats_);
+  }
+  std::vector<std::pair<std::string, std::span<float>>> rank_state() override {
+    if (residual_.empty()) return {};
+    return {{"algo/residual", std::span<float>(residual_)}};
+  }
+
+ private:
+  std::size_t chunk_;
+  std::vector<float> residual_;
+};
+
+/// QAdam (Bagua): exact Adam for the warm-up steps; then the second moment is frozen and the ranks
+/// exchange their local first moments, quantised, instead of gradients. Momentum is smoother than a
+/// gradient and quantises with less relative error.
+class QAdam final : public Algorithm {
+ public:
+  QAdam(Context ctx, const AlgorithmOptions& o)
+      : Algorithm(std::move(ctx)), o_(o), local_(ctx_.params.size()) {
+    for (auto& [name, buf] : ctx_.optimizer.state()) {
+      if (name == "adam_m") m_ = buf;
+      if (name == "adam_v") v_ = buf;
+    }
+    if (m_.empty() || v_.empty())
+      SINEW_THROW(InvalidArgument, "--algorithm qadam needs --optimizer adam (got {})",
+                  ctx_.optimizer.name());
+  }
+  [[nodiscard]] std::string name() const override { return "qadam"; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t s) const override { return s <= o_.qadam_warmup_steps; }
+  void reduce_bucket(std::span<float> bucket, std::size_t) override {
+    ring_allreduce(ctx_.backend, bucket, ctx_.op, &stats_);
+  }
+  void step(std::int64_t s, float lr) override {
+    if (reduces_gradients(s)) {
+      Algorithm::step(s, lr);
+      return;
+    }
+    const auto n = static_cast<float>(ctx_.backend.size());
+    const std::span<float> p = ctx_.params, g = ctx_.grads;
+    const float b1 = o_.beta1;
+    // This rank's momentum from its own gradients (its share times n is its own mean gradient); the
+    // average of the ranks' momenta is the momentum of the global mean gradient.
+    for (std::size_t i = 0; i < p.size(); ++i) local_[i] = b1 * m_[i] + (1.f - b1) * n * g[i];
+    compressed_allreduce(ctx_.backend, local_, o_.chunk, {}, ctx_.op, &stats_);
+    const std::int64_t t = ctx_.optimizer.steps() + 1;
+    const std::int64_t tv = std::min<std::int64_t>(t, std::max<std::int64_t>(o_.qadam_warmup_steps, 1));
+    const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(tv));  // frozen v
+    const auto step_size = static_cast<float>(lr / bc1);
+    const auto inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      m_[i] = local_[i] / n;
+      p[i] -= step_size * m_[i] / (std::sqrt(v_[i]) * inv_sqrt_bc2 + o_.eps);
+    }
+    ctx_.optimizer.set_steps(t);
+  }
+
+ private:
+  AlgorithmOptions o_;
+  std::span<float> m_, v_;
+  std::vector<float> local_;
+};
+
+// ---- decentralized model averaging ---------------------------------------------------------------------
+
+/// Local steps on local gradients; every `interval` steps each rank averages its model with all others
+/// (allreduce) or with one peer that changes every round (shift_one: a perfect matching, so a pairwise
+/// exchange of whole models).
+class Decentralized final : public Algorithm {
+ public:
+  Decentralized(Context ctx, bool shift_one, int interval)
+      : Algorithm(std::move(ctx)), shift_one_(shift_one), interval_(interval), peer_(ctx_.params.size()) {}
+  [[nodiscard]] std::string name() const override { return "decentralized"; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
+  void reduce_bucket(std::span<float>, std::size_t) override {}
+  void step(std::int64_t s, float lr) override {
+    scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
+    Algorithm::step(s, lr);
+  }
+  void after_step(std::int64_t s) override {
+    const int n = ctx_.backend.size();
+    if (n == 1 || s % interval_ != 0) return;
+    const std::span<float> p = ctx_.params;
+    if (!shift_one_) {
+      ctx_.backend.allreduce_sync(comm::Buffer::of(p), comm::ReduceOp::kSum, ctx_.op);
+      scale(p, 1.f / static_cast<float>(n));
+      stats_.bytes_sent += allreduce_bytes(p.size(), n);
+      return;
+    }
+    const int peer = shift_one_peer(ctx_.backend.rank(), n, s / interval_);
+    if (peer < 0) return;  // odd group size: this rank sits this round out
+    exchange(ctx_.backend, comm::Buffer::of(p), peer, comm::Buffer::of(std::span<float>(peer_)), peer,
+             ctx_.op, kTagPeer, kTagPeer);
+    stats_.bytes_sent += p.size_bytes();
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = 0.5f * (p[i] + peer_[i]);
+  }
+  void consensus() override { average_state(); }
+
+ private:
+  bool shift_one_;
+  int interval_;
+  std::vector<float> peer_;
+};
+
+/// Bagua's low-precision decentralized algorithm, in the form of CHOCO-SGD (Koloskova et al., 2019): ranks
+/// on a ring keep estimates x̂ of their own and their two neighbours' models; each step a rank sends the
+/// 8-bit quantised difference between its model and its own estimate to both neighbours (everyone
+/// updates the same estimates from the same bytes), then moves towards the neighbours' estimates with
+/// weights 1/3. The estimates start from an exact exchange and are rebuilt after every consensus.
+class LowPrecisionDecentralized final : public Algorithm {
+ public:
+  LowPrecisionDecentralized(Context ctx, std::size_t chunk, int interval)
+      : Algorithm(std::move(ctx)),
+        chunk_(chunk),
+        interval_(interval),
+        self_(ctx_.params.size()),
+        left_(ctx_.params.size()),
+        right_(ctx_.params.size()),
+        diff_(ctx_.params.size()) {
+    reset();
+  }
+  [[nodiscard]] std::string name() const override { return "low_precision_decentralized"; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
+  void reduce_bucket(std::span<float>, std::size_t) override {}
+  void step(std::int64_t s, float lr) override {
+    scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
+    Algorithm::step(s, lr);
+  }
+  void after_step(std::int64_t s) override {
+    const int n = ctx_.backend.size();
+    if (n == 1 || s % interval_ != 0) return;
+    const std::span<float> x = ctx_.params;
+    for (std::size_t i = 0; i < x.size(); ++i) diff_[i] = x[i] - self_[i];
+    const std::size_t bytes = encoded_bytes(x.size(), chunk_);
+    out_.resize(bytes);
+    in_left_.resize(bytes);
+    in_right_.resize(bytes);
+    encode(diff_, chunk_, out_);
+    const int r = ctx_.backend.rank(), left = (r + n - 1) % n, right = (r + 1) % n;
+    auto bytes_of = [](std::vector<std::byte>& v) { return comm::Buffer::of(std::span<std::byte>(v)); };
+    comm::Options o = ctx_.op;
+    o.tag = kTagToRight;  // what the left neighbour sent to its right is for me, and so on
+    auto rl = ctx_.backend.recv(bytes_of(in_left_), left, o);
+    auto sr = ctx_.backend.send(bytes_of(out_), right, o);
+    o.tag = kTagToLeft;
+    auto rr = ctx_.backend.recv(bytes_of(in_right_), right, o);
+    auto sl = ctx_.backend.send(bytes_of(out_), left, o);
+    for (auto* w : {rl.get(), sr.get(), rr.get(), sl.get()}) w->wait(o.timeout);
+    stats_.bytes_sent += 2 * bytes;
+    decode_add(out_, chunk_, self_);
+    decode_add(in_left_, chunk_, left_);
+    decode_add(in_right_, chunk_, right_);
+    constexpr float kThird = 1.f / 3.f;
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += kThird * (left_[i] + right_[i] - 2.f * self_[i]);
+  }
+  void consensus() override {
+    average_state();
+    reset();
+  }
+  /// Exact estimates: a full-precision exchange with both neighbours.
+  void reset() override {
+    const int n = ctx_.backend.size();
+    std::copy(ctx_.params.begin(), ctx_.params.end(), self_.begin());
+    if (n == 1) return;
+    const int r = ctx_.backend.rank(), left = (r + n - 1) % n, right = (r + 1) % n;
+    const auto p = comm::Buffer::of(std::span<float>(self_));
+    exchange(ctx_.backend, p, right, comm::Buffer::of(std::span<float>(left_)), left, ctx_.op, kTagToRight,
+             kTagToRight);
+    exchange(ctx_.backend, p, left, comm::Buffer::of(std::span<float>(right_)), right, ctx_.op, kTagToLeft,
+             kTagToLeft);
+    stats_.bytes_sent += 2 * p.bytes();
+  }
+
+ private:
+  std::size_t chunk_;
+  int interval_;
+  std::vector<float> self_, left_, right_, diff_;
+  std::vector<std::byte> out_, in_left_, in_right_;
+};
+
+// ---- asynchronous model averaging ----------------------------------------------------------------------
+
+/// Local steps on local gradients while a background thread, on its own communicator, averages the
+/// models every `interval_ms`: the training thread hands it a copy of the parameters after a step, the
+/// thread averages the copies of all ranks, and the training thread adds (average - copy) after a later
+/// step, so the steps taken meanwhile are kept. Only the training thread touches the parameters.
+///
+/// Stopping is agreed: every round starts with a tiny allreduce of a stop flag, and all threads leave in
+/// the first round where any rank asked to stop, so no thread is left waiting in a collective. A failed
+/// round (a dead peer) ends the thread; the training thread then raises CommFailure at its next step.
+class Async final : public Algorithm {
+ public:
+  Async(Context ctx, int interval_ms)
+      : Algorithm(std::move(ctx)),
+        interval_(interval_ms),
+        sent_(ctx_.params.size()),
+        avg_(ctx_.params.size()) {
+    start();
+  }
+  Async(const Async&) = delete;
+  Async& operator=(const Async&) = delete;
+  Async(Async&&) = delete;
+  Async& operator=(Async&&) = delete;
+  ~Async() override {
+    // After a failure the peers' threads may never take part again: revoke our communicator so that a
+    // round in progress returns, then join.
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable() && !finished_.load()) bg_->abort();
+    if (thread_.joinable()) thread_.join();
+  }
+  [[nodiscard]] std::string name() const override { return "async"; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
+  void reduce_bucket(std::span<float>, std::size_t) override {}
+  void step(std::int64_t s, float lr) override {
+    scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
+    Algorithm::step(s, lr);
+  }
+  void after_step(std::int64_t) override {
+    stats_.bytes_sent += bg_bytes_.exchange(0);
+    std::unique_lock lock(mu_);
+    if (error_) {
+      auto e = error_;
+      lock.unlock();
+      std::rethrow_exception(e);
+    }
+    if (state_ == State::kReduced) {
+      const std::span<float> p = ctx_.params;
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] += avg_[i] - sent_[i];
+      state_ = State::kIdle;
+    } else if (state_ == State::kWantCopy) {
+      std::copy(ctx_.params.begin(), ctx_.params.end(), sent_.begin());
+      state_ = State::kCopied;
+    } else {
+      return;
+    }
+    lock.unlock();
+    cv_.notify_all();
+  }
+  /// Stops the thread (an agreed last round), averages exactly, and starts it again.
+  void consensus() override {
+    stop_and_join();
+    average_state();
+    start();
+  }
+  void reset() override {
+    stop_and_join();
+    start();
+  }
+
+ private:
+  enum class State { kIdle, kWantCopy, kCopied, kReduced };
+
+  void start() {
+    bg_ = ctx_.make_backend();
+    state_ = State::kIdle;
+    stop_ = false;
+    finished_ = false;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  void stop_and_join() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    std::lock_guard lock(mu_);
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  void run() {
+    const auto n = static_cast<float>(bg_->size());
+    try {
+      for (;;) {
+        std::int64_t stop = 0;
+        {
+          std::unique_lock lock(mu_);
+          cv_.wait_for(lock, std::chrono::milliseconds(interval_), [&] { return stop_; });
+          // The previous average must be applied before the next copy is taken.
+          cv_.wait(lock, [&] { return stop_ || state_ == State::kIdle; });
+          if (!stop_) {
+            state_ = State::kWantCopy;
+            cv_.wait(lock, [&] { return stop_ || state_ == State::kCopied; });
+          }
+          stop = stop_ ? 1 : 0;
+        }
+        bg_->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&stop, 1)), comm::ReduceOp::kMax,
+                            ctx_.op);
+        if (stop != 0) break;
+        std::copy(sent_.begin(), sent_.end(), avg_.begin());
+        bg_->allreduce_sync(comm::Buffer::of(std::span<float>(avg_)), comm::ReduceOp::kSum, ctx_.op);
+        scale(avg_, 1.f / n);
+        bg_bytes_ += allreduce_bytes(avg_.size(), bg_->size()) + sizeof stop;
+        std::lock_guard lock(mu_);
+        state_ = State::kReduced;
+      }
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      error_ = std::current_exception();
+    }
+    finished_ = true;
+  }
+
+  int interval_;
+  std::unique_ptr<comm::Backend> bg_;
+  std::vector<float> sent_, avg_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kIdle;  // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
+  std::exception_ptr error_;    // guarded by mu_
+  std::atomic<bool> finished_{false};
+  std::atomic<std::uint64_t> bg_bytes_{0};
+  std::thread thread_;
+};
+
+// ---- auto ----------------------------------------------------------------------------------------------
+
+std::unique_ptr<Algorithm> make_named(const std::string& name, const AlgorithmOptions& o, Context ctx) {
+  if (name == "gradient_allreduce")
+    return std::make_unique<GradientAllreduce>(std::move(ctx), o.allreduce == "ring");
+  if (name == "bytegrad") return std::make_unique<ByteGrad>(std::move(ctx), o.chunk, o.error_feedback);
+  if (name == "qadam") return std::make_unique<QAdam>(std::move(ctx), o);
+  if (name == "decentralized")
+    return std::make_unique<Decentralized>(std::move(ctx), o.peer_selection == "shift_one", o.comm_interval);
+  if (name == "low_precision_decentralized")
+    return std::make_unique<LowPrecisionDecentralized>(std::move(ctx), o.chunk, o.comm_interval);
+  if (name == "async") return std::make_unique<Async>(std::move(ctx), o.sync_interval_ms);
+  SINEW_THROW(InvalidArgument, "--algorithm: unknown algorithm '{}'", name);
+}
+
+/// `auto`: times our ring allreduce of a buffer as large as the gradients against one step's computation
+/// (both the slowest rank's), and picks the exact allreduce when communication is cheap, ByteGrad with
+/// error feedback (a quarter of the bytes, gradients still exact on average) when it is not, and the
+/// low-precision decentralized algorithm (neighbours only, a quarter of a model per neighbour) when
+/// even a quarter of the bytes would dominate the step.
+std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
+  const int n = ctx.backend.size();
+  std::string choice = "gradient_allreduce", why;
+  double t[2] = {0, 0};  // allreduce ms, compute ms: the slowest rank's
+  if (n == 1) {
+    why = "a single rank communicates nothing";
+  } else {
+    std::vector<float> probe(ctx.grads.size(), 1.f);
+    ring_allreduce(ctx.backend, probe, ctx.op);  // warm-up: connections, pages
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      ring_allreduce(ctx.backend, probe, ctx.op);
+      ms.push_back(seconds_since(t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    t[0] = ms[1];
+    t[1] = ctx.compute_ms();
+    ctx.backend.allreduce_sync(comm::Buffer::of(std::span<double>(t)), comm::ReduceOp::kMax, ctx.op);
+    const double ratio = t[0] / std::max(t[1], 1e-3);
+    constexpr double kExactBelow = 0.5;       // allreduce at most half a step's compute: keep it exact
+    constexpr double kCompressedBelow = 6.0;  // a quarter of the bytes then costs at most ~1.5 steps
+    if (ratio <= kExactBelow) {
+      why = fmt::format("allreduce {:.1f} ms <= {:.1f} x compute {:.1f} ms", t[0], kExactBelow, t[1]);
+    } else if (ratio <= kCompressedBelow) {
+      choice = "bytegrad";
+      o.error_feedback = true;
+      why = fmt::format("allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms: 8-bit gradients", t[0], ratio,
+                        t[1]);
+    } else {
+      choice = "low_precision_decentralized";
+      why = fmt::format("allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms: compressed neighbour exchange",
+                        t[0], ratio, t[1]);
+    }
+    o.allreduce = "ring";
+  }
+  const double busbw =
+      t[0] > 0 ? static_cast<double>(allreduce_bytes(ctx.grads.size(), n)) / (t[0] / 1e3) : 0;
+  if (ctx.event) {
+    ctx.event({{"event", "algorithm"},
+               {"chosen", choice},
+               {"reason", why},
+               {"world_size", n},
+               {"allreduce_ms", t[0]},
+               {"compute_ms", t[1]},
+               {"bus_bandwidth_mbit_s", busbw * 8 / 1e6}});
+  }
+  return make_named(choice, o, std::move(ctx));
+}
+
+}  // namespace
+
+const std::vector<std::string>& algorithm_names() {
+  static const std::vector<std::string> names = {
+      "gradient_allreduce",          "bytegrad", "qadam", "decentralized",
+      "low_precision_decentralized", "async",    "auto"};
+  return names;
+}
+
+void Algorithm::step(std::int64_t, float lr) { ctx_.optimizer.step(ctx_.params, ctx_.grads, lr); }
+
+void Algorithm::after_step(std::int64_t) {}
+
+void Algorithm::average_state() {
+  const int n = ctx_.backend.size();
+  if (n == 1) return;
+  auto average = [&](std::span<float> v) {
+    ctx_.backend.allreduce_sync(comm::Buffer::of(v), comm::ReduceOp::kSum, ctx_.op);
+    scale(v, 1.f / static_cast<float>(n));
+    stats_.bytes_sent += allreduce_bytes(v.size(), n);
+  };
+  average(ctx_.params);
+  for (auto& [name, buf] : ctx_.optimizer.state()) average(buf);
+}
+
+std::unique_ptr<Algorithm> make_algorithm(const AlgorithmOptions& opts, Context ctx) {
+  if (opts.name == "auto") return make_auto(opts, std::move(ctx));
+  return make_named(opts.name, opts, std::move(ctx));
+}
+
+int shift_one_peer(int rank, int size, std::int64_t round) {
+  SINEW_ENFORCE(size >= 1 && rank >= 0 && rank < size, "shift_one_peer: rank {} of {}", rank, size);
+  // Circle method: with an even count m, rank m-1 stays put and the others rotate; in round k, rank k
+  // meets m-1 and any other pair (a, b) meets when a + b == 2k (mod m-1). An odd size adds a phantom
+  // rank m-1 = size, whose partner sits out.
+  const int m = size % 2 == 0 ? size : size + 1;
+  if (m == 2) return size == 2 ? 1 - rank : -1;
+  const auto k = static_cast<int>(round % (m - 1));
+  int peer = 0;
+  if (rank == m - 1) {
+    peer = k;
+  } else if (rank == k) {
+    peer = m - 1;
+  } else {
+    peer = ((2 * k - rank) % (m - 1) + (m - 1)) % (m - 1);
+  }
+  return peer < size ? peer : -1;
+}
+
+}  // namespace sinew::algo

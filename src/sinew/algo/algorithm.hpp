@@ -1,0 +1,113 @@
+// Communication algorithms of data-parallel training (docs/algorithms.md): how ranks combine what they
+// learn each step. The exact baseline reduces every gradient (gradient_allreduce); the relaxed ones trade
+// exactness for bytes on a slow network (Bagua's ByteGrad, QAdam, decentralized and asynchronous model
+// averaging), and `auto` chooses among them from a bandwidth measurement.
+//
+// The trainer calls an algorithm at fixed points of a step:
+//   reduce_bucket()   a gradient bucket is final (during backward, on the bucketer's communication thread)
+//                     -- only if reduces_gradients() for this step;
+//   step()            the optimiser step (an algorithm may take it over: QAdam);
+//   after_step()      after the update (decentralized: average models with peers);
+//   consensus()       before a checkpoint, an evaluation or a change of membership: make every rank's
+//                     model and optimiser state the same (a no-op for exact algorithms);
+//   reset()           after the trainer synchronised the state from one rank (recovery, growth).
+// An algorithm is rebuilt over the new backend after every change of membership. Every collective it
+// issues has a deadline, and a failed peer surfaces as CommFailure or Timeout, which the trainer turns
+// into an in-place recovery; an algorithm's background thread (async) stops when the object is destroyed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sinew/algo/collectives.hpp"
+#include "sinew/comm/backend.hpp"
+#include "sinew/optim/optimizer.hpp"
+
+namespace sinew::algo {
+
+struct AlgorithmOptions {
+  std::string name = "gradient_allreduce";  ///< see algorithm_names()
+  std::string allreduce = "mpi";            ///< gradient_allreduce: mpi (the library's tuned one) | ring
+  std::size_t chunk = 2048;                 ///< elements per quantisation chunk (bytegrad, qadam, lpd)
+  bool error_feedback = false;              ///< bytegrad: carry the quantisation residual to the next step
+  std::int64_t qadam_warmup_steps = 100;    ///< qadam: exact Adam steps before the variance is frozen
+  std::string peer_selection = "all";       ///< decentralized: all | shift_one
+  int comm_interval = 1;                    ///< decentralized: average every this many steps
+  int sync_interval_ms = 50;                ///< async: average models this often in the background
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  ///< qadam (the run's Adam settings)
+};
+
+/// The names --algorithm accepts.
+const std::vector<std::string>& algorithm_names();
+
+/// What an algorithm works on: the group's backend and the replicated training state.
+struct Context {
+  comm::Backend& backend;
+  std::span<float> params;
+  std::span<float> grads;
+  optim::Optimizer& optimizer;
+  comm::Options op;  ///< deadline of every collective
+  /// Makes a second backend over the same group (its own communicator), for a background thread.
+  std::function<std::unique_ptr<comm::Backend>()> make_backend;
+  /// The time of one step's computation without communication, in ms (for `auto`); measured lazily.
+  std::function<double()> compute_ms;
+  /// Writes an event line to the run's metrics (rank 0) and the log.
+  std::function<void(const nlohmann::json&)> event;
+};
+
+class Algorithm {
+ public:
+  Algorithm(const Algorithm&) = delete;
+  Algorithm& operator=(const Algorithm&) = delete;
+  Algorithm(Algorithm&&) = delete;
+  Algorithm& operator=(Algorithm&&) = delete;
+  virtual ~Algorithm() = default;
+
+  [[nodiscard]] virtual std::string name() const = 0;
+  /// Whether the gradients of step `step` (the one being trained, 1-based) are reduced bucket by bucket.
+  [[nodiscard]] virtual bool reduces_gradients(std::int64_t step) const = 0;
+  /// Reduces one gradient bucket (the sum over ranks, in place). `offset`: its position in the gradients.
+  virtual void reduce_bucket(std::span<float> bucket, std::size_t offset) = 0;
+  /// True if the buckets are best reduced by the backend's own allreduce (the bucketer's default path,
+  /// with the MPI library's tuned algorithms) rather than by reduce_bucket().
+  [[nodiscard]] virtual bool uses_backend_allreduce() const { return false; }
+  /// The optimiser step. The gradients hold this rank's share of the global mean (the loss is divided
+  /// by the step's global sample count) or, after reduce_bucket, the global mean itself.
+  virtual void step(std::int64_t step, float lr);
+  virtual void after_step(std::int64_t step);
+  /// Collective: every rank ends with the same parameters and optimiser state.
+  virtual void consensus() {}
+  /// After the trainer made the state equal on every rank: restart what depends on it.
+  virtual void reset() {}
+  /// Per-rank state for checkpoints, by name ("algo/..."); each span as large as the parameters.
+  virtual std::vector<std::pair<std::string, std::span<float>>> rank_state() { return {}; }
+
+  /// Bytes this rank sent for the algorithm since the last call (then zeroes the count).
+  std::uint64_t take_bytes_sent() { return std::exchange(stats_.bytes_sent, 0); }
+
+ protected:
+  explicit Algorithm(Context ctx) : ctx_(std::move(ctx)) {}
+  /// Averages params and optimiser state over the group (a plain allreduce, then / size).
+  void average_state();
+
+  Context ctx_;
+  CommStats stats_;
+};
+
+/// Builds the algorithm `opts.name` over `ctx`. `auto` measures the achievable bandwidth (collective)
+/// and returns the algorithm it chose, after logging the decision through ctx.event.
+std::unique_ptr<Algorithm> make_algorithm(const AlgorithmOptions& opts, Context ctx);
+
+/// shift_one's pairing: the peer of `rank` among `size` ranks in round `round` (a round-robin tournament,
+/// so each round is a perfect matching and every pair meets once in size-1 rounds; with an odd size one
+/// rank sits out each round). Returns -1 when `rank` has no peer this round.
+int shift_one_peer(int rank, int size, std::int64_t round);
+
+}  // namespace sinew::algo

@@ -1,0 +1,212 @@
+#include "sinew/algo/collectives.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sinew/algo/quantize.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/timer.hpp"
+
+namespace sinew::algo {
+namespace {
+
+using Works = std::vector<std::unique_ptr<comm::Work>>;
+
+/// One deadline for a whole call, however many operations it waits for: the caller's timeout bounds the
+/// allreduce, as it bounds the backend's own allreduce.
+class Deadline {
+ public:
+  Deadline(std::string what, std::chrono::milliseconds timeout)
+      : what_(std::move(what)), timeout_(timeout), end_(Clock::now() + timeout) {}
+
+  void wait(comm::Work& w) const {
+    // Rounded up, so that the call never gives up before its timeout.
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(end_ - Clock::now());
+    try {
+      w.wait(std::max(left, std::chrono::milliseconds{0}));
+    } catch (const Timeout& e) {
+      // The backend's message gives the time left, not the call's timeout: say which call missed it.
+      SINEW_THROW(Timeout, "{} did not complete within {} ms ({})", what_, timeout_.count(), e.message());
+    }
+  }
+  void wait_all(Works& works) const {
+    for (auto& w : works) wait(*w);
+  }
+
+ private:
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point end_;
+};
+
+void count_send(CommStats* stats, std::size_t bytes) {
+  if (stats == nullptr) return;
+  stats->bytes_sent += bytes;
+  ++stats->messages_sent;
+}
+
+int wrap(int i, int n) { return ((i % n) + n) % n; }
+
+}  // namespace
+
+Block block_of(std::size_t count, int parts, int i) {
+  if (parts < 1 || i < 0 || i >= parts) {
+    SINEW_THROW(InvalidArgument, "block_of: block {} of {} does not exist", i, parts);
+  }
+  const auto p = static_cast<std::size_t>(parts), k = static_cast<std::size_t>(i);
+  const std::size_t base = count / p, extra = count % p;
+  return {k * base + std::min(k, extra), base + (k < extra ? 1 : 0)};
+}
+
+void ring_allreduce(comm::Backend& backend, std::span<float> data, const comm::Options& opts,
+                    CommStats* stats) {
+  const int n = backend.size(), r = backend.rank();
+  if (n == 1 || data.empty()) return;
+  const Deadline deadline(fmt::format("ring_allreduce of {} floats", data.size()), opts.timeout);
+  const std::size_t seg = kRingSegmentBytes / sizeof(float);
+  const int left = wrap(r - 1, n), right = wrap(r + 1, n);
+  std::vector<float> incoming(block_of(data.size(), n, 0).count);  // block 0 is a largest one
+  // Steps 0..n-2 reduce-scatter, n-1..2n-3 allgather. In both, step g sends block r-g, which this rank
+  // completed in step g-1 (or holds from the start), and receives block r-g-1 from the left: added to
+  // ours during the reduce-scatter, after which this rank holds the full sum of block r+1; copied during
+  // the allgather.
+  for (int g = 0; g < 2 * (n - 1); ++g) {
+    const bool reduce = g < n - 1;
+    const Block out = block_of(data.size(), n, wrap(r - g, n));
+    const Block in = block_of(data.size(), n, wrap(r - g - 1, n));
+    const std::span<float> dst =
+        reduce ? std::span<float>(incoming).first(in.count) : data.subspan(in.offset, in.count);
+    // Receives are posted before the sends, so that the neighbour's segments land in place.
+    Works recvs, sends;
+    for (std::size_t off = 0; off < in.count; off += seg) {
+      recvs.push_back(
+          backend.recv(comm::Buffer::of(dst.subspan(off, std::min(seg, in.count - off))), left, opts));
+    }
+    for (std::size_t off = 0; off < out.count; off += seg) {
+      const std::size_t len = std::min(seg, out.count - off);
+      sends.push_back(backend.send(comm::Buffer::of(data.subspan(out.offset + off, len)), right, opts));
+      count_send(stats, len * sizeof(float));
+    }
+    // Adding segment i overlaps with the transfer of the later ones.
+    for (std::size_t i = 0, off = 0; i < recvs.size(); ++i, off += seg) {
+      deadline.wait(*recvs[i]);
+      if (!reduce) continue;
+      const std::size_t len = std::min(seg, in.count - off);
+      float* acc = data.data() + in.offset + off;
+      const float* add = incoming.data() + off;
+      for (std::size_t j = 0; j < len; ++j) acc[j] += add[j];
+    }
+    // The block sent now is written again n-1 steps later (the very next step with 2 ranks), and
+    // `incoming` is reused: MPI forbids touching the buffer of an incomplete operation, so finish the step.
+    deadline.wait_all(sends);
+  }
+}
+
+void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::size_t chunk,
+                          std::span<float> residual, const comm::Options& opts, CommStats* stats) {
+  if (chunk == 0) SINEW_THROW(InvalidArgument, "compressed_allreduce: the chunk size must be at least 1");
+  if (!residual.empty() && residual.size() != data.size()) {
+    SINEW_THROW(InvalidArgument,
+                "compressed_allreduce: the residual has {} elements, the data {}; pass an empty residual "
+                "to turn error feedback off",
+                residual.size(), data.size());
+  }
+  const int n = backend.size(), r = backend.rank();
+  const std::size_t count = data.size();
+  if (n == 1 || count == 0) return;
+  const Deadline deadline(fmt::format("compressed_allreduce of {} floats", count), opts.timeout);
+  const bool feedback = !residual.empty();
+  if (feedback) {
+    for (std::size_t i = 0; i < count; ++i) data[i] += residual[i];
+  }
+
+  // `wire` holds block k's encoding at wire_at[k]: first this rank's contribution for rank k, later the
+  // reduced block k received from rank k; at k == r, the reduced block this rank owns.
+  std::vector<std::size_t> wire_at(static_cast<std::size_t>(n) + 1, 0);
+  for (int k = 0; k < n; ++k) {
+    const auto ku = static_cast<std::size_t>(k);
+    wire_at[ku + 1] = wire_at[ku] + encoded_bytes(block_of(count, n, k).count, chunk);
+  }
+  std::vector<std::byte> wire(wire_at.back());
+  const auto wire_of = [&](int k) {
+    const auto ku = static_cast<std::size_t>(k);
+    return std::span<std::byte>(wire).subspan(wire_at[ku], wire_at[ku + 1] - wire_at[ku]);
+  };
+  const Block own = block_of(count, n, r);
+  const std::span<float> own_data = data.subspan(own.offset, own.count);
+  const std::size_t own_bytes = wire_of(r).size();
+  std::vector<std::byte> contrib(own_bytes * static_cast<std::size_t>(n));  // rank k's at k * own_bytes
+
+  // Scatter-reduce: the other ranks' contributions to our block, ours to theirs.
+  Works recvs, sends;
+  for (int k = 0; k < n && own_bytes > 0; ++k) {
+    if (k == r) continue;
+    const auto part =
+        std::span<std::byte>(contrib).subspan(static_cast<std::size_t>(k) * own_bytes, own_bytes);
+    recvs.push_back(backend.recv(comm::Buffer::of(part), k, opts));
+  }
+  // Starting at r+1 spreads the first messages over all receivers; encoding block k+1 overlaps with
+  // sending block k.
+  for (int i = 1; i < n; ++i) {
+    const int k = wrap(r + i, n);
+    const Block b = block_of(count, n, k);
+    if (b.count == 0) continue;
+    const std::span<float> x = data.subspan(b.offset, b.count);
+    encode(x, chunk, wire_of(k));
+    sends.push_back(backend.send(comm::Buffer::of(wire_of(k)), k, opts));
+    count_send(stats, wire_of(k).size());
+    if (feedback) {
+      const std::span<float> res = residual.subspan(b.offset, b.count);
+      decode(wire_of(k), chunk, res);
+      for (std::size_t j = 0; j < b.count; ++j) res[j] = x[j] - res[j];
+    }
+  }
+  // Our own contribution is exact (it never travels); the others are added in rank order, so that the
+  // sum does not depend on arrival order.
+  for (int k = 0, i = 0; k < n && own_bytes > 0; ++k) {
+    if (k == r) continue;
+    deadline.wait(*recvs[static_cast<std::size_t>(i++)]);
+    decode_add(
+        std::span<const std::byte>(contrib).subspan(static_cast<std::size_t>(k) * own_bytes, own_bytes),
+        chunk, own_data);
+  }
+  recvs.clear();
+  deadline.wait_all(sends);  // `wire` is reused for the allgather
+  sends.clear();
+
+  // Allgather of the reduced blocks, compressed once by their owner.
+  for (int k = 0; k < n; ++k) {
+    if (k != r && !wire_of(k).empty()) recvs.push_back(backend.recv(comm::Buffer::of(wire_of(k)), k, opts));
+  }
+  if (own_bytes > 0) {
+    encode(own_data, chunk, wire_of(r));
+    for (int i = 1; i < n; ++i) {
+      sends.push_back(backend.send(comm::Buffer::of(wire_of(r)), wrap(r + i, n), opts));
+      count_send(stats, own_bytes);
+    }
+  }
+  // The owner decodes its own bytes too, so that every rank holds the same values.
+  if (feedback) {
+    const std::span<float> res = residual.subspan(own.offset, own.count);
+    decode(wire_of(r), chunk, res);
+    for (std::size_t j = 0; j < own.count; ++j) {
+      const float decoded = res[j];
+      res[j] = own_data[j] - decoded;  // the reduced block's quantisation error, sent again next call
+      own_data[j] = decoded;
+    }
+  } else {
+    decode(wire_of(r), chunk, own_data);
+  }
+  for (int k = 0, i = 0; k < n; ++k) {
+    if (k == r || wire_of(k).empty()) continue;
+    deadline.wait(*recvs[static_cast<std::size_t>(i++)]);
+    const Block b = block_of(count, n, k);
+    decode(wire_of(k), chunk, data.subspan(b.offset, b.count));
+  }
+  deadline.wait_all(sends);
+}
+
+}  // namespace sinew::algo

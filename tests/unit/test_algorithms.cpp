@@ -1,0 +1,83 @@
+// Algorithm pieces that need no group: shift_one's pairing, and the option checks of --algorithm.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <utility>
+
+#include "sinew/algo/algorithm.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/train/config.hpp"
+
+using namespace sinew;
+
+TEST(ShiftOne, EachRoundIsAMatchingAndEveryPairMeetsOnce) {
+  for (int n : {2, 4, 6, 8, 16}) {
+    std::set<std::pair<int, int>> met;
+    for (int round = 0; round < n - 1; ++round) {
+      for (int r = 0; r < n; ++r) {
+        const int p = algo::shift_one_peer(r, n, round);
+        ASSERT_GE(p, 0) << "n " << n << " round " << round << " rank " << r;
+        ASSERT_NE(p, r);
+        ASSERT_EQ(algo::shift_one_peer(p, n, round), r) << "not symmetric: n " << n << " round " << round;
+        if (r < p) {
+          EXPECT_TRUE(met.insert({r, p}).second) << "pair met twice: " << r << "," << p;
+        }
+      }
+    }
+    EXPECT_EQ(met.size(), static_cast<std::size_t>(n * (n - 1) / 2)) << n;
+    // The pairing changes every round and repeats after n - 1 rounds.
+    for (int r = 0; r < n; ++r) EXPECT_EQ(algo::shift_one_peer(r, n, 0), algo::shift_one_peer(r, n, n - 1));
+    if (n > 2) {
+      EXPECT_NE(algo::shift_one_peer(0, n, 0), algo::shift_one_peer(0, n, 1));
+    }
+  }
+}
+
+TEST(ShiftOne, OddSizesLeaveOneRankOutPerRound) {
+  for (int n : {1, 3, 5, 7}) {
+    for (int round = 0; round < 2 * n; ++round) {
+      int out = 0;
+      for (int r = 0; r < n; ++r) {
+        const int p = algo::shift_one_peer(r, n, round);
+        if (p < 0) {
+          ++out;
+          continue;
+        }
+        ASSERT_LT(p, n);
+        ASSERT_EQ(algo::shift_one_peer(p, n, round), r);
+      }
+      EXPECT_EQ(out, 1) << "n " << n << " round " << round;
+    }
+  }
+  EXPECT_THROW(algo::shift_one_peer(4, 4, 0), InternalError);
+}
+
+TEST(AlgorithmNames, MatchTheOptionsChoices) {
+  for (const auto& name : algo::algorithm_names()) {
+    train::Config c;
+    c.algorithm = name;
+    if (name == "qadam") c.optimizer = "adam";
+    EXPECT_NO_THROW(train::validate(c)) << name;
+  }
+}
+
+TEST(AlgorithmOptions, BadValuesAreNamed) {
+  auto bad = [](auto&& edit, const char* needle) {
+    train::Config c;
+    edit(c);
+    try {
+      train::validate(c);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    }
+  };
+  bad([](train::Config& c) { c.algorithm = "qadam"; }, "--optimizer adam");
+  bad([](train::Config& c) { c.algorithm = "gossip"; }, "--algorithm");
+  bad([](train::Config& c) { c.allreduce = "tree"; }, "--allreduce");
+  bad([](train::Config& c) { c.peer_selection = "two"; }, "--peer-selection");
+  bad([](train::Config& c) { c.compress_chunk = 0; }, "--compress-chunk");
+  bad([](train::Config& c) { c.comm_interval = 0; }, "--comm-interval");
+  bad([](train::Config& c) { c.sync_interval_ms = 0; }, "--sync-interval-ms");
+  bad([](train::Config& c) { c.qadam_warmup_steps = 0; }, "--qadam-warmup-steps");
+}
