@@ -179,6 +179,25 @@ case "$scenario" in
       check $? --failures 1 --event grow --field done.algorithm=low_precision_decentralized --final-world-size 4
     fi
     ;;
+  algo-reshard)
+    # ByteGrad's per-rank error-feedback residuals go into checkpoints as one block per rank, and a resume
+    # at another size spreads them over the new ranks (docs/checkpoint-format.md).
+    ef=(--algorithm bytegrad --error-feedback true --checkpoint-keep 0)
+    run 120 "${ef[@]}" --max-steps 50
+    rc=$?
+    [ $rc -eq 0 ] || { echo "FAIL $scenario: first run exit $rc"; tail -n 30 "$d/out.txt"; exit 1; }
+    n=3 run 120 "${ef[@]}"
+    rc=$?
+    ckpt_tool="$(dirname "$train")/sinew-ckpt"
+    params=$("$ckpt_tool" inspect "$d/ckpt/ckpt-0000000050" | awk '$1 == "params" {print $2}')
+    r4=$("$ckpt_tool" inspect "$d/ckpt/ckpt-0000000050" | awk '$1 == "algo/residual" {print $2}')
+    last=$(ls -d "$d"/ckpt/ckpt-* | tail -n 1)
+    r3=$("$ckpt_tool" inspect "$last" | awk '$1 == "algo/residual" {print $2}')
+    if [ "$r4" != $((4 * params)) ] || [ "$r3" != $((3 * params)) ]; then
+      echo "FAIL $scenario: residual sizes $r4 (4 ranks) and $r3 (3 ranks) for $params parameters"; exit 1
+    fi
+    check $rc --field resume.from_world_size=4 --field resume.world_size=3 --field done.algorithm=bytegrad
+    ;;
   algo-*)
     # Every communication algorithm converges and survives a rank killed in its exchange (for the
     # relaxed ones: the model exchange after the step, or QAdam's compressed momentum), at step 60.
