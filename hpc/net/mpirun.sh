@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs an MPI program on the test bed, one rank per host: ranks 0..N-1 on sinew-h1..sinew-hN.
+#
+# Usage: mpirun.sh N [mpirun options...] -- PROGRAM [ARGS...]     (without `--`: everything is the program)
+#   e.g. hpc/net/mpirun.sh 4 -- build/apps/sinew-bench allreduce --max-bytes 67108864
+#
+# mpirun runs inside sinew-h1 (as host 1): the root namespace has no route to 10.77.0.0/24, and PRRTE's
+# daemons must call back to mpirun over that network. Rank 0 is started by mpirun itself; the other hosts'
+# daemons (prted) come through hpc/net/rsh-agent.sh. All MPI traffic (btl tcp, PRRTE's oob) is pinned to
+# eth0, so it crosses the shaped links; the shared-memory transport is off since the ranks are "remote".
+# Every host believes it owns all the machine's cores, so Open MPI does not see that the ranks share them
+# and busy-polls while it waits; the polling ranks then starve each other (a 4-host training step took 69
+# ms instead of 29 ms, unshaped). mpi_yield_when_idle=1, which Open MPI sets itself when it knows a node
+# is oversubscribed, gives the cores back; SINEW_BED_YIELD=0 turns it off (e.g. one core per host).
+#
+# Messages up to 4 MiB go eagerly (btl_tcp_eager_limit; Open MPI's default is 64 KiB): above the limit each
+# message waits for a rendezvous reply, and on a shaped link that reply queues behind the data already in
+# the receiver's outgoing queue (tens of ms at 100 Mbit/s). ByteGrad's all-to-all exchange went from 181 to
+# 102 ms per step, our ring allreduce from 89 % to 95 % of the line rate. SINEW_BED_EAGER=0 keeps the default.
+#
+# Tear-down: this script only uses the bed, it never creates or removes it. A driver that brings the bed up
+# removes it on every exit path, success or failure, with a trap set right after `up`:
+#     hpc/net/testbed.sh up 4 1gbit
+#     trap 'hpc/net/testbed.sh down' EXIT
+#     hpc/net/mpirun.sh 4 -- ...      # a failing run (set -e) or a Ctrl-C still runs the trap
+# `testbed.sh down` also stops any process left in the namespaces (a rank of a crashed run), so no
+# namespace outlives the driver.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../../mpi_scripts/env.sh"
+
+n=${1:-}
+[[ $n =~ ^[0-9]+$ ]] && ((n >= 1)) || { sed -n '4,5p' "$0" | sed 's/^# //' >&2; exit 2; }
+shift
+mpi_args=()
+if [[ " $* " == *" -- "* ]]; then
+  while [[ $1 != -- ]]; do mpi_args+=("$1"); shift; done
+  shift
+fi
+[[ $# -ge 1 ]] || { echo "error: no program given" >&2; exit 2; }
+ip netns list | grep -qE "^sinew-h$n( |$)" ||
+  { echo "error: the bed has fewer than $n hosts; run hpc/net/testbed.sh up $n RATE" >&2; exit 2; }
+
+hosts=$(seq -s, -f '10.77.0.%g' 1 "$n")
+# shellcheck disable=SC2054  # the commas are inside --host's value
+flags=("${SINEW_MPIRUN_FLAGS[@]}" --host "$hosts" -n "$n" --map-by node
+  --mca plm_rsh_agent "$here/rsh-agent.sh" --mca mpi_yield_when_idle "${SINEW_BED_YIELD:-1}"
+  --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0)
+if [[ ${SINEW_BED_EAGER:-1} != 0 ]]; then
+  flags+=(--mca btl_tcp_eager_limit 4194304 --mca btl_tcp_max_send_size 4194304)
+fi
+
+# Host 1 gets its hostname the same way the agent gives the others theirs.
+exec ip netns exec sinew-h1 unshare --uts /bin/sh -c 'hostname sinew-h1 && exec "$@"' sh \
+  "$SINEW_MPIRUN" "${flags[@]}" "${mpi_args[@]}" "$@"
