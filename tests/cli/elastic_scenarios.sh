@@ -168,15 +168,18 @@ case "$scenario" in
     grep -q "below --min-ranks 4" "$d/out.txt" || { echo "FAIL min-ranks: no message"; exit 1; }
     echo "ok   min-ranks"
     ;;
-  algo-async-resize | algo-lpd-grow)
+  algo-async-resize | algo-lpd-grow | algo-async-grow)
     # Membership changes rebuild an algorithm's state: async's background thread and communicator (ranks
-    # leave, then spawned ones join), the low-precision estimates of the neighbours (a spawned replacement).
+    # leave, then spawned ones join; a failure, then a spawned replacement), the low-precision estimates of
+    # the neighbours (a spawned replacement).
     if [ "$scenario" = algo-async-resize ]; then
       run 150 --algorithm async --resize-schedule 20:2,60:4
       check $? --failures 0 --event shrink --event grow --field done.algorithm=async --final-world-size 4
     else
-      run 150 --algorithm low_precision_decentralized --inject-fault 3:allreduce:30
-      check $? --failures 1 --event grow --field done.algorithm=low_precision_decentralized --final-world-size 4
+      a=low_precision_decentralized
+      [ "$scenario" = algo-async-grow ] && a=async
+      run 150 --algorithm $a --inject-fault 3:allreduce:30
+      check $? --failures 1 --event grow --field done.algorithm=$a --final-world-size 4
     fi
     ;;
   algo-reshard)

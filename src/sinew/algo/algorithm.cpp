@@ -24,6 +24,7 @@ namespace {
 constexpr int kTagPeer = 101;     // shift_one: the whole model to this round's peer
 constexpr int kTagToRight = 102;  // low_precision_decentralized: a compressed difference to the right
 constexpr int kTagToLeft = 103;   // ... and to the left
+constexpr int kTagAsync = 104;    // async: the background thread's ring allreduces
 
 /// Bytes one rank sends in a bandwidth-optimal allreduce of `elements` floats over `n` ranks.
 std::uint64_t allreduce_bytes(std::size_t elements, int n) {
@@ -265,10 +266,12 @@ class LowPrecisionDecentralized final : public Algorithm {
 
 // ---- asynchronous model averaging ----------------------------------------------------------------------
 
-/// Local steps on local gradients while a background thread, on its own communicator, averages the
-/// models every `interval_ms`: the training thread hands it a copy of the parameters after a step, the
-/// thread averages the copies of all ranks, and the training thread adds (average - copy) after a later
-/// step, so the steps taken meanwhile are kept. Only the training thread touches the parameters.
+/// Local steps on local gradients while a background thread averages the models every `interval_ms`, with
+/// our ring allreduce over the group's point-to-point messages under a tag of its own (no second
+/// communicator: creating one next to the group's rebuilds after a failure made MPI_Comm_dup fail): the
+/// training thread hands it a copy of the parameters after a step, the thread averages the copies of all
+/// ranks, and the training thread adds (average - copy) after a later step, so the steps taken meanwhile are
+/// kept. Only the training thread touches the parameters.
 ///
 /// Stopping is agreed: every round starts with a tiny allreduce of a stop flag, and all threads leave in
 /// the first round where any rank asked to stop, so no thread is left waiting in a collective. A failed
@@ -280,22 +283,23 @@ class Async final : public Algorithm {
         interval_(interval_ms),
         sent_(ctx_.params.size()),
         avg_(ctx_.params.size()) {
-    start();
+    op_.tag = kTagAsync;
   }
   Async(const Async&) = delete;
   Async& operator=(const Async&) = delete;
   Async(Async&&) = delete;
   Async& operator=(Async&&) = delete;
   ~Async() override {
-    // After a failure the peers' threads may never take part again: revoke our communicator so that a
-    // round in progress returns, then join.
+    // A planned change (every rank gets here): the agreed last round ends the threads. After a failure
+    // the trainer has aborted the backend (ULFM revoke), so a round in progress fails at once; without
+    // ULFM the round's deadline bounds the join.
     {
       std::lock_guard lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable() && !finished_.load()) bg_->abort();
-    if (thread_.joinable()) thread_.join();
+    if (!thread_.joinable()) return;
+    thread_.join();
   }
   [[nodiscard]] std::string name() const override { return "async"; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
@@ -305,6 +309,9 @@ class Async final : public Algorithm {
     Algorithm::step(s, lr);
   }
   void after_step(std::int64_t) override {
+    // The thread starts with the first step over this group, so that it never runs next to the
+    // collectives that build the group (connect, synchronise, a spawn).
+    if (!thread_.joinable()) start();
     stats_.bytes_sent += bg_bytes_.exchange(0);
     std::unique_lock lock(mu_);
     if (error_) {
@@ -325,29 +332,24 @@ class Async final : public Algorithm {
     lock.unlock();
     cv_.notify_all();
   }
-  /// Stops the thread (an agreed last round), averages exactly, and starts it again.
+  /// Stops the thread (an agreed last round) and averages exactly; the next step starts it again.
   void consensus() override {
     stop_and_join();
     average_state();
-    start();
   }
-  void reset() override {
-    stop_and_join();
-    start();
-  }
+  void reset() override { stop_and_join(); }
 
  private:
   enum class State { kIdle, kWantCopy, kCopied, kReduced };
 
   void start() {
-    bg_ = ctx_.make_backend();
     state_ = State::kIdle;
     stop_ = false;
-    finished_ = false;
     thread_ = std::thread([this] { run(); });
   }
 
   void stop_and_join() {
+    if (!thread_.joinable()) return;
     {
       std::lock_guard lock(mu_);
       stop_ = true;
@@ -359,10 +361,10 @@ class Async final : public Algorithm {
   }
 
   void run() {
-    const auto n = static_cast<float>(bg_->size());
+    const auto n = static_cast<float>(ctx_.backend.size());
     try {
       for (;;) {
-        std::int64_t stop = 0;
+        float stop = 0;  // summed: > 0 when any rank asked to stop
         {
           std::unique_lock lock(mu_);
           cv_.wait_for(lock, std::chrono::milliseconds(interval_), [&] { return stop_; });
@@ -372,15 +374,14 @@ class Async final : public Algorithm {
             state_ = State::kWantCopy;
             cv_.wait(lock, [&] { return stop_ || state_ == State::kCopied; });
           }
-          stop = stop_ ? 1 : 0;
+          stop = stop_ ? 1.f : 0.f;
         }
-        bg_->allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&stop, 1)), comm::ReduceOp::kMax,
-                            ctx_.op);
-        if (stop != 0) break;
+        ring_allreduce(ctx_.backend, std::span<float>(&stop, 1), op_);
+        if (stop > 0.f) break;
         std::copy(sent_.begin(), sent_.end(), avg_.begin());
-        bg_->allreduce_sync(comm::Buffer::of(std::span<float>(avg_)), comm::ReduceOp::kSum, ctx_.op);
+        ring_allreduce(ctx_.backend, avg_, op_);
         scale(avg_, 1.f / n);
-        bg_bytes_ += allreduce_bytes(avg_.size(), bg_->size()) + sizeof stop;
+        bg_bytes_ += allreduce_bytes(avg_.size(), ctx_.backend.size()) + sizeof stop;
         std::lock_guard lock(mu_);
         state_ = State::kReduced;
       }
@@ -388,18 +389,16 @@ class Async final : public Algorithm {
       std::lock_guard lock(mu_);
       error_ = std::current_exception();
     }
-    finished_ = true;
   }
 
   int interval_;
-  std::unique_ptr<comm::Backend> bg_;
   std::vector<float> sent_, avg_;
+  comm::Options op_ = ctx_.op;  // the background rounds' tag
   std::mutex mu_;
   std::condition_variable cv_;
   State state_ = State::kIdle;  // guarded by mu_
   bool stop_ = false;           // guarded by mu_
   std::exception_ptr error_;    // guarded by mu_
-  std::atomic<bool> finished_{false};
   std::atomic<std::uint64_t> bg_bytes_{0};
   std::thread thread_;
 };

@@ -54,8 +54,6 @@ struct Context {
   std::span<float> grads;
   optim::Optimizer& optimizer;
   comm::Options op;  ///< deadline of every collective
-  /// Makes a second backend over the same group (its own communicator), for a background thread.
-  std::function<std::unique_ptr<comm::Backend>()> make_backend;
   /// The time of one step's computation without communication, in ms (for `auto`); measured lazily.
   std::function<double()> compute_ms;
   /// Writes an event line to the run's metrics (rank 0) and the log.

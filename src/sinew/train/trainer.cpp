@@ -311,8 +311,7 @@ struct Trainer::Impl {
   }
 
   algo::Context algorithm_context() {
-    algo::Context c{*backend, net.params(), net.grads(), *optimizer, op, {}, {}, {}};
-    c.make_backend = [this] { return std::make_unique<comm::mpi::MpiBackend>(group.comm()); };
+    algo::Context c{*backend, net.params(), net.grads(), *optimizer, op, {}, {}};
     c.compute_ms = [this] { return probe_compute_ms(); };
     c.event = [this](const nlohmann::json& ev) {
       nlohmann::json e = ev;
