@@ -9,7 +9,7 @@ namespace sinew::comm {
 
 GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
                                    const std::vector<Range>& ready_order, BucketOptions opts)
-    : backend_(backend), grads_(grads), opts_(opts) {
+    : backend_(backend), grads_(grads), opts_(std::move(opts)) {
   if (ready_order.empty()) SINEW_THROW(InvalidArgument, "bucketer: no gradient ranges");
   std::size_t covered = 0;
   const std::size_t target = std::max<std::size_t>(opts_.bucket_bytes / sizeof(float), 1);
