@@ -149,20 +149,30 @@ class QAdam final : public Algorithm {
 
 // ---- decentralized model averaging ---------------------------------------------------------------------
 
-/// Local steps on local gradients; every `interval` steps each rank averages its model with all others
-/// (allreduce) or with one peer that changes every round (shift_one: a perfect matching, so a pairwise
-/// exchange of whole models).
-class Decentralized final : public Algorithm {
+/// The algorithms that step on each rank's own gradients and exchange models instead: no gradient
+/// reduction, and the optimiser step scales the gradients from this rank's share of the global mean back
+/// to its own mean.
+class LocalSteps : public Algorithm {
  public:
-  Decentralized(Context ctx, bool shift_one, int interval)
-      : Algorithm(std::move(ctx)), shift_one_(shift_one), interval_(interval), peer_(ctx_.params.size()) {}
-  [[nodiscard]] std::string name() const override { return "decentralized"; }
-  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
-  void reduce_bucket(std::span<float>, std::size_t) override {}
-  void step(std::int64_t s, float lr) override {
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const final { return false; }
+  void reduce_bucket(std::span<float>, std::size_t) final {}
+  void step(std::int64_t s, float lr) final {
     scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
     Algorithm::step(s, lr);
   }
+
+ protected:
+  using Algorithm::Algorithm;
+};
+
+/// Local steps on local gradients; every `interval` steps each rank averages its model with all others
+/// (allreduce) or with one peer that changes every round (shift_one: a perfect matching, so a pairwise
+/// exchange of whole models).
+class Decentralized final : public LocalSteps {
+ public:
+  Decentralized(Context ctx, bool shift_one, int interval)
+      : LocalSteps(std::move(ctx)), shift_one_(shift_one), interval_(interval), peer_(ctx_.params.size()) {}
+  [[nodiscard]] std::string name() const override { return "decentralized"; }
   void after_step(std::int64_t s) override {
     const int n = ctx_.backend.size();
     if (n == 1 || s % interval_ != 0) return;
@@ -193,10 +203,10 @@ class Decentralized final : public Algorithm {
 /// 8-bit quantised difference between its model and its own estimate to both neighbours (everyone
 /// updates the same estimates from the same bytes), then moves towards the neighbours' estimates with
 /// weights 1/3. The estimates start from an exact exchange and are rebuilt after every consensus.
-class LowPrecisionDecentralized final : public Algorithm {
+class LowPrecisionDecentralized final : public LocalSteps {
  public:
   LowPrecisionDecentralized(Context ctx, std::size_t chunk, int interval)
-      : Algorithm(std::move(ctx)),
+      : LocalSteps(std::move(ctx)),
         chunk_(chunk),
         interval_(interval),
         self_(ctx_.params.size()),
@@ -206,12 +216,6 @@ class LowPrecisionDecentralized final : public Algorithm {
     reset();
   }
   [[nodiscard]] std::string name() const override { return "low_precision_decentralized"; }
-  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
-  void reduce_bucket(std::span<float>, std::size_t) override {}
-  void step(std::int64_t s, float lr) override {
-    scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
-    Algorithm::step(s, lr);
-  }
   void after_step(std::int64_t s) override {
     const int n = ctx_.backend.size();
     if (n == 1 || s % interval_ != 0) return;
@@ -276,10 +280,10 @@ class LowPrecisionDecentralized final : public Algorithm {
 /// Stopping is agreed: every round starts with a tiny allreduce of a stop flag, and all threads leave in
 /// the first round where any rank asked to stop, so no thread is left waiting in a collective. A failed
 /// round (a dead peer) ends the thread; the training thread then raises CommFailure at its next step.
-class Async final : public Algorithm {
+class Async final : public LocalSteps {
  public:
   Async(Context ctx, int interval_ms)
-      : Algorithm(std::move(ctx)),
+      : LocalSteps(std::move(ctx)),
         interval_(interval_ms),
         sent_(ctx_.params.size()),
         avg_(ctx_.params.size()) {
@@ -302,12 +306,6 @@ class Async final : public Algorithm {
     thread_.join();
   }
   [[nodiscard]] std::string name() const override { return "async"; }
-  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return false; }
-  void reduce_bucket(std::span<float>, std::size_t) override {}
-  void step(std::int64_t s, float lr) override {
-    scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
-    Algorithm::step(s, lr);
-  }
   void after_step(std::int64_t) override {
     // The thread starts with the first step over this group, so that it never runs next to the
     // collectives that build the group (connect, synchronise, a spawn).
