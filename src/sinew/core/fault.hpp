@@ -1,0 +1,87 @@
+// Fault injection: one mechanism for every named point where a test kills a rank (docs/fault-tolerance.md).
+//
+// A fault is "RANK:POINT:STEP": the process that had launch rank RANK (its rank in MPI_COMM_WORLD at
+// start; spawned processes have none) raises SIGKILL, as a crash would, when it reaches POINT at STEP.
+// Specs are parsed and validated once, with the other options, before MPI starts (parse_fault); a Plan
+// holds this process's faults and is passed to the layers that have points (train, membership,
+// checkpoint). A relaunched job (restart generation > 0) gets an empty plan: it must not die the same way
+// again.
+//
+// What STEP means depends on the point:
+//   forward, backward, allreduce, optimizer   the step being trained (1-based)
+//   recovery, spawn                           the step being trained or any later one (a recovery or a
+//                                             growth happens between steps, possibly several times)
+//   before-shard-data, after-shard-data,      the step of the checkpoint being written; before-manifest
+//   before-fsync, before-manifest,            and before-rename only run on the rank that commits (rank 0
+//   before-rename                             of the current view); checkpoint-write = after-shard-data
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sinew/core/names.hpp"
+
+namespace sinew::fault {
+
+enum class Point : std::uint8_t {
+  kForward,
+  kBackward,
+  kAllreduce,
+  kOptimizer,
+  kRecovery,
+  kSpawn,
+  kCheckpointWrite,  ///< a shorter name for kAfterShardData
+  kBeforeShardData,
+  kAfterShardData,
+  kBeforeFsync,
+  kBeforeManifest,
+  kBeforeRename,
+};
+
+inline constexpr NameTable<Point, 12> kPointNames{{
+    {Point::kForward, "forward"},
+    {Point::kBackward, "backward"},
+    {Point::kAllreduce, "allreduce"},
+    {Point::kOptimizer, "optimizer"},
+    {Point::kRecovery, "recovery"},
+    {Point::kSpawn, "spawn"},
+    {Point::kCheckpointWrite, "checkpoint-write"},
+    {Point::kBeforeShardData, "before-shard-data"},
+    {Point::kAfterShardData, "after-shard-data"},
+    {Point::kBeforeFsync, "before-fsync"},
+    {Point::kBeforeManifest, "before-manifest"},
+    {Point::kBeforeRename, "before-rename"},
+}};
+
+struct Fault {
+  int rank = -1;  ///< launch rank
+  Point point = Point::kForward;
+  std::int64_t step = 0;  ///< >= 1
+};
+
+/// Parses RANK:POINT:STEP. Throws InvalidArgument naming `option` and the accepted points.
+Fault parse_fault(std::string_view spec, std::string_view option = "--inject-fault");
+
+/// This process's faults. Empty by default (no injection).
+class Plan {
+ public:
+  Plan() = default;
+  /// Keeps the faults of `launch_rank` (none for -1, a spawned process); none at all when
+  /// `restart_generation` > 0.
+  Plan(const std::vector<Fault>& faults, int launch_rank, int restart_generation);
+
+  /// Kills this process (SIGKILL) if a fault names `point` at `step` (see the table above for what step
+  /// means). Prints one line to stderr first, with the wall-clock time of the kill (benchmarks read it).
+  void at(Point point, std::int64_t step) const;
+
+  [[nodiscard]] bool empty() const noexcept { return faults_.empty(); }
+  [[nodiscard]] int launch_rank() const noexcept { return launch_rank_; }
+
+ private:
+  std::vector<Fault> faults_;
+  int launch_rank_ = -1;
+};
+
+}  // namespace sinew::fault
