@@ -1,9 +1,11 @@
 // sinew-train: elastic data-parallel training. Thin: parse options, start MPI, run the trainer.
 #include <cstdio>
+#include <utility>
 
 #include "common.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
+#include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/trainer.hpp"
 
@@ -16,9 +18,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& cfg = *parsed.config;
-    sinew::membership::set_command_line(argc, argv);
+    // Recorded before MPI_Init can touch argv: grow() starts new members with this same command, and
+    // they, running this main(), record an equal one for their own growth.
+    auto spawn = sinew::membership::SpawnCommand::of_this_process(argc, argv);
     sinew::mpi::Environment env(&argc, &argv);
-    auto group = sinew::membership::Group::attach();  // a spawned replacement joins its parents here
+    // A spawned replacement joins its parents here.
+    auto group = sinew::membership::Group::attach(std::move(spawn));
     sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
       spdlog::info("{} ({} ranks; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),

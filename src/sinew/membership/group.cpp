@@ -18,37 +18,21 @@
 namespace sinew::membership {
 
 namespace {
-SpawnCommand g_command;  // written once by main() before any thread starts
-
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
 }  // namespace
 
-const char* role_name(Role r) noexcept {
-  switch (r) {
-    case Role::kInitial:
-      return "initial";
-    case Role::kSurvivor:
-      return "survivor";
-    case Role::kRecovered:
-      return "recovered";
-  }
-  return "?";
-}
-
-void set_command_line(int argc, const char* const* argv) {
-  // The absolute path of this executable, so that spawned members start the same program whatever the
-  // working directory of the launcher's daemons.
+SpawnCommand SpawnCommand::of_this_process(int argc, const char* const* argv) {
   std::array<char, PATH_MAX> exe{};
   const ssize_t n = ::readlink("/proc/self/exe", exe.data(), exe.size() - 1);
-  g_command.program =
+  SpawnCommand cmd;
+  cmd.program =
       n > 0 ? std::string(exe.data(), static_cast<std::size_t>(n)) : std::string(argc > 0 ? argv[0] : "");
-  g_command.args.assign(argv + (argc > 0 ? 1 : 0), argv + argc);
+  if (argc > 1) cmd.args.assign(argv + 1, argv + argc);
+  return cmd;
 }
 
-const SpawnCommand& command_line() { return g_command; }
-
-Group::Group(mpi::Communicator comm, std::uint64_t epoch, Role role, int launch_rank)
-    : epoch_(epoch), role_(role), launch_rank_(launch_rank) {
+Group::Group(mpi::Communicator comm, std::uint64_t epoch, Role role, int launch_rank, SpawnCommand spawn)
+    : epoch_(epoch), role_(role), launch_rank_(launch_rank), spawn_(std::move(spawn)) {
   adopt(std::move(comm));
 }
 
@@ -58,13 +42,13 @@ void Group::adopt(mpi::Communicator comm) {
   size_ = comm_.size();
 }
 
-Group Group::attach() {
+Group Group::attach(SpawnCommand spawn) {
   MPI_Comm parent = MPI_COMM_NULL;
   SINEW_MPI(MPI_Comm_get_parent(&parent));
   if (parent == MPI_COMM_NULL) {
     const auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
     const int rank = world.rank();
-    return Group(world.dup(), 0, Role::kInitial, rank);
+    return Group(world.dup(), 0, Role::kInitial, rank, std::move(spawn));
   }
   // Spawned by grow(): merge with the parents (they come first), then learn the view's epoch.
   MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
@@ -74,15 +58,15 @@ Group Group::attach() {
   std::uint64_t epoch = 0;
   SINEW_MPI(MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, comm.get()));
   MPI_Comm_free(&parent);
-  return Group(std::move(comm), epoch, Role::kRecovered, -1);
+  return Group(std::move(comm), epoch, Role::kRecovered, -1, std::move(spawn));
 }
 
-Group Group::over(const mpi::Communicator& comm) {
+Group Group::over(const mpi::Communicator& comm, SpawnCommand spawn) {
   const int rank = comm.rank();
-  return Group(comm.dup(), 0, Role::kInitial, rank);
+  return Group(comm.dup(), 0, Role::kInitial, rank, std::move(spawn));
 }
 
-ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
+ShrinkReport Group::shrink(const RecoveryHook& hook) {
 #if SINEW_HAVE_ULFM
   if (!mpi::ulfm_enabled()) {
     SINEW_THROW(CommFailure,
@@ -95,7 +79,6 @@ ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
     ++rep.attempts;
     if (hook) hook(rep.attempts);
     auto t = Clock::now();
-    if (failed != MPI_COMM_NULL) MPIX_Comm_revoke(failed);
     MPIX_Comm_revoke(comm_.get());
     rep.revoke_ms += ms_since(t);
     t = Clock::now();
@@ -109,7 +92,6 @@ ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
     comm_.destroy();
     adopt(mpi::Communicator(next));
     ++epoch_;
-    failed = MPI_COMM_NULL;
     t = Clock::now();
     int flag = 1;
     const int arc = MPIX_Comm_agree(comm_.get(), &flag);
@@ -124,7 +106,6 @@ ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
   role_ = role_ == Role::kRecovered ? Role::kRecovered : Role::kSurvivor;
   return rep;
 #else
-  (void)failed;
   (void)hook;
   SINEW_THROW(CommFailure,
               "a member of the group failed and this MPI has no ULFM (Sinew was built against an MPI "
@@ -132,9 +113,19 @@ ShrinkReport Group::shrink(MPI_Comm failed, const RecoveryHook& hook) {
 #endif
 }
 
-GrowReport Group::grow(int n, const SpawnCommand& cmd) {
+GrowReport Group::grow(int n) {
   GrowReport rep;
   if (n <= 0) return rep;
+  if (spawn_.empty()) {
+    // Every member of a group is made the same way (attach() from one main(), or over() with one
+    // command), so every member throws here and none is left waiting in the spawn.
+    throw SpawnError(fmt::format("cannot start {} new processes: this group has no spawn command (make it "
+                                 "with Group::attach(SpawnCommand::of_this_process(argc, argv)) or pass "
+                                 "one to Group::over())",
+                                 n),
+                     SourceLocation::current());
+  }
+  const SpawnCommand& cmd = spawn_;
   std::vector<char*> argv;
   for (const auto& a : cmd.args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

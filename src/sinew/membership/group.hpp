@@ -8,14 +8,19 @@
 //
 // Every change increments the epoch. The view's communicator is only used by the group itself; traffic
 // (gradients, state, checkpoints) goes through backends built over it, rebuilt after every change.
+//
+// The group holds the command that grow() starts new members with (SpawnCommand::of_this_process() in
+// main()); a spawned member's own main() records the same command, so it can grow the group in turn.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sinew/core/error.hpp"
+#include "sinew/core/names.hpp"
 #include "sinew/mpi/communicator.hpp"
 
 namespace sinew::membership {
@@ -26,7 +31,15 @@ enum class Role : std::uint8_t {
   kSurvivor,   ///< started with the job (or spawned earlier) and lived through at least one change
   kRecovered,  ///< spawned to replace lost members; takes its state from peers' memory
 };
-const char* role_name(Role r) noexcept;
+
+inline constexpr NameTable<Role, 3> kRoleNames{{
+    {Role::kInitial, "initial"},
+    {Role::kSurvivor, "survivor"},
+    {Role::kRecovered, "recovered"},
+}};
+
+/// "initial", "survivor" or "recovered" (metrics and logs).
+constexpr std::string_view role_name(Role r) noexcept { return name_of(kRoleNames, r); }
 
 /// Growing failed although every member is alive (e.g. no free slots for new processes): the group is
 /// unchanged and usable. Not a CommFailure: retrying a recovery would not help.
@@ -51,10 +64,21 @@ struct GrowReport {
   int added = 0;
 };
 
-/// The command a grown group starts its new members with (argv[0] and the arguments).
+/// The command a grown group starts its new members with: the program and its arguments (without
+/// argv[0]). Empty (no program) when the group cannot grow.
 struct SpawnCommand {
   std::string program;
   std::vector<std::string> args;
+
+  /// This process's own command: the absolute path of its executable (/proc/self/exe, so that spawned
+  /// members start the same program whatever the working directory of the launcher's daemons; argv[0]
+  /// if that cannot be read) and argv[1..argc). Call it in main() with main's arguments, before anything
+  /// (MPI_Init, option parsers) can rewrite them. A process started with this command and calling it
+  /// again gets an equal command.
+  static SpawnCommand of_this_process(int argc, const char* const* argv);
+
+  [[nodiscard]] bool empty() const noexcept { return program.empty(); }
+  friend bool operator==(const SpawnCommand&, const SpawnCommand&) = default;
 };
 
 /// Optional hook run by recover() at its start, once per attempt (fault injection names it "recovery").
@@ -63,10 +87,12 @@ using RecoveryHook = std::function<void(int attempt)>;
 class Group {
  public:
   /// The group this process starts in: MPI_COMM_WORLD, or, for a process spawned by grow(), the merged
-  /// group of its parents and siblings (collective with the parents' grow()).
-  static Group attach();
-  /// A group over a duplicate of `comm` (tests, embedding in a larger application).
-  static Group over(const mpi::Communicator& comm);
+  /// group of its parents and siblings (collective with the parents' grow()). `spawn` is what this
+  /// group's grow() starts new members with: SpawnCommand::of_this_process(argc, argv) from main().
+  static Group attach(SpawnCommand spawn);
+  /// A group over a duplicate of `comm` (tests, embedding in a larger application); it can grow only if
+  /// given a spawn command. Collective over `comm`.
+  static Group over(const mpi::Communicator& comm, SpawnCommand spawn = {});
 
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -81,25 +107,35 @@ class Group {
   [[nodiscard]] Role role() const noexcept { return role_; }
   /// The rank this process had in MPI_COMM_WORLD at launch; -1 for a process spawned by grow().
   [[nodiscard]] int launch_rank() const noexcept { return launch_rank_; }
+  /// What grow() starts new members with; empty if the group was made without one.
+  [[nodiscard]] const SpawnCommand& spawn_command() const noexcept { return spawn_; }
 
   /// Collective over the survivors, after a failure was reported by MPI (ULFM only; throws CommFailure
   /// without it). Revokes the view, shrinks it to the live members, frees the old one and agrees on the
-  /// result; if a member fails during these steps, starts again from the revoke. `failed` is the
-  /// communicator on which the failure was seen (a backend's duplicate of the view), revoked first so
-  /// that every member blocked in it returns.
-  ShrinkReport shrink(MPI_Comm failed, const RecoveryHook& hook = {});
+  /// result; if a member fails during these steps, starts again from the revoke. `hook` runs at the start
+  /// of every attempt (1, 2, ...).
+  ///
+  /// The caller's part of the contract: the failure was seen on some other communicator (a backend's
+  /// duplicate of this view), and members may still be blocked in it. The group knows nothing of
+  /// backends, so the caller aborts them first (comm::Backend::abort() revokes the backend's
+  /// communicator, so that every member blocked in it returns and reaches this call), then calls
+  /// shrink() on every survivor. Backends over the old view are unusable afterwards: rebuild them over
+  /// comm(). Throws CommFailure if MPI cannot shrink at all.
+  ShrinkReport shrink(const RecoveryHook& hook = {});
 
-  /// Collective: starts `n` new members with `cmd` and merges them into the view (they call attach()).
-  /// Throws SpawnError if the spawn fails with every member alive (e.g. no free slots; the view is
-  /// unchanged), CommFailure if a member died meanwhile.
-  GrowReport grow(int n, const SpawnCommand& cmd);
+  /// Collective: starts `n` new members with spawn_command() and merges them into the view (they call
+  /// attach(), last in rank order; the epoch increments). Every member must hold the same command (MPI
+  /// uses rank 0's). Throws SpawnError if the group has no spawn command, or if the spawn fails with
+  /// every member alive (e.g. no free slots, a program that does not exist): the view is then unchanged
+  /// and usable. Throws CommFailure if a member died meanwhile.
+  GrowReport grow(int n);
 
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);
   /// the others continue in a new view. A leaving member must stop using the group.
   void split_leave(bool leaving);
 
  private:
-  Group(mpi::Communicator comm, std::uint64_t epoch, Role role, int launch_rank);
+  Group(mpi::Communicator comm, std::uint64_t epoch, Role role, int launch_rank, SpawnCommand spawn);
   void adopt(mpi::Communicator comm);
 
   mpi::Communicator comm_;
@@ -108,10 +144,7 @@ class Group {
   std::uint64_t epoch_ = 0;
   Role role_ = Role::kInitial;
   int launch_rank_ = -1;
+  SpawnCommand spawn_;
 };
-
-/// The program and arguments of this process, recorded by main() for grow().
-void set_command_line(int argc, const char* const* argv);
-const SpawnCommand& command_line();
 
 }  // namespace sinew::membership

@@ -992,7 +992,7 @@ struct Trainer::Impl {
     membership::GrowReport rep;
     try {
       Watchdog dog(op.timeout, fmt::format("growing the group from {} to {} ranks", from, target));
-      rep = group.grow(target - from, membership::command_line());
+      rep = group.grow(target - from);
     } catch (const membership::SpawnError& e) {
       // Every member is alive and the view unchanged: go on at this size, and do not try again (until the
       // job server asks for another size).
@@ -1048,15 +1048,16 @@ struct Trainer::Impl {
                          {"error", e.message()},
                          {"from_world_size", from},
                          {"detected_unix_time", detected_unix}};
-    MPI_Comm failed = backend ? backend->comm() : MPI_COMM_NULL;
     double revoke_ms = 0, shrink_ms = 0, agree_ms = 0, spawn_ms = 0, rebuild_ms = 0, sync_ms = 0;
     int attempts = 0, lost = 0;
     for (;;) {
       try {
-        const auto rep = group.shrink(failed, [this](int) { inject(FaultPhase::kRecovery); });
+        // Revoke the backend's communicator first (shrink() only revokes the group's own), so that
+        // every member blocked in it returns and reaches the shrink.
+        if (backend) backend->abort();
+        const auto rep = group.shrink([this](int) { inject(FaultPhase::kRecovery); });
         // The revoke made every collective on the old view return: the communication thread is free.
         disconnect_clean();
-        failed = MPI_COMM_NULL;
         revoke_ms += rep.revoke_ms;
         shrink_ms += rep.shrink_ms;
         agree_ms += rep.agree_ms;
@@ -1077,7 +1078,6 @@ struct Trainer::Impl {
       } catch (const CommFailure& again) {
         spdlog::warn("another failure during recovery: {}; recovering again", again.message());
         disconnect();  // revokes the backend's communicator (if it was rebuilt) before freeing it
-        failed = MPI_COMM_NULL;
       }
     }
     ev["world_size"] = backend->size();
