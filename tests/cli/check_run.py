@@ -10,6 +10,26 @@ import json
 import sys
 
 
+def expected_value(text):
+    """The expected value of --field as JSON (true, 3, 0.5, "x", null), or the plain string if it is not JSON
+    (--field shrink.reason=leave)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def field_matches(got, want_text):
+    """Whether a metrics value equals the expected one: numbers within 1e-6 (relative above 1), booleans only
+    to booleans (True is not 1 here), everything else by JSON equality."""
+    want = expected_value(want_text)
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(want, bool) and isinstance(got, bool) and got == want
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+        return abs(got - want) <= 1e-6 * max(1.0, abs(want))
+    return got == want
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("metrics")
@@ -20,7 +40,8 @@ def main():
     ap.add_argument("--final-world-size", type=int)
     ap.add_argument("--write-reference", help="write this run's test accuracy here")
     ap.add_argument("--field", action="append", default=[],
-                    help="EVENT.KEY=VALUE: the last EVENT has KEY equal to VALUE (numbers within 1e-6)")
+                    help="EVENT.KEY=VALUE: the last EVENT has KEY equal to VALUE, read as JSON when it parses "
+                         "(true, 2, 0.5, null; numbers within 1e-6), else as a string")
     a = ap.parse_args()
 
     lines = []
@@ -66,11 +87,8 @@ def main():
         name, _, key = lhs.partition(".")
         last = [e for e in events if e["event"] == name]
         got = last[-1].get(key) if last else None
-        try:
-            ok = got is not None and abs(float(got) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
-        except (TypeError, ValueError):
-            ok = str(got) == want
-        print(f"last {name}.{key} = {got} (expected {want})")
+        ok = field_matches(got, want) if last and key in last[-1] else False
+        print(f"last {name}.{key} = {json.dumps(got)} (expected {want})")
         if not ok:
             problems.append(f"last '{name}' event has {key} = {got}, expected {want}")
     for e in events:
