@@ -26,7 +26,7 @@ expect bad-dataset 2 "--dataset: unknown value 'cifar'" -- "$train" --dataset ci
 expect bad-log-level 2 "--log-level: unknown level 'loud'" -- "$train" --log-level loud
 expect every-needs-dir 2 "--checkpoint-every needs --checkpoint-dir" -- "$train" --checkpoint-every 5
 expect bad-elastic 2 "--elastic: unknown value 'sometimes'" -- "$train" --elastic sometimes
-expect bad-fault-phase 2 "--inject-fault: '1:fly:3' is not RANK:PHASE:STEP" -- "$train" --inject-fault 1:fly:3
+expect bad-fault-phase 2 "--inject-fault: '1:fly:3' is not RANK:POINT:STEP" -- "$train" --inject-fault 1:fly:3
 expect bad-schedule 2 "--resize-schedule: '20:0' is not STEP:SIZE" -- "$train" --resize-schedule 10:2,20:0
 expect bad-schedule-order 2 "--resize-schedule: '5:3' is not STEP:SIZE" -- "$train" --resize-schedule 10:2,5:3
 expect min-above-max 2 "--max-ranks 2 is below --min-ranks 3" -- "$train" --min-ranks 3 --max-ranks 2
@@ -74,8 +74,7 @@ sys.stdout.buffer.write(d[:4] + struct.pack(">I", n) + d[8:8 + n])' | gzip >"$wo
   mv "$work/short.gz" "$work/shortlabels/t10k-labels-idx1-ubyte.gz"
   expect count-mismatch 3 "t10k-(images|labels).*(count|items|labels|images)" -- "${run[@]}" --data-dir "$work/shortlabels"
 else
-  echo "skip damaged-file cases: $fm is not installed"
+  skip damaged-file-cases "$fm is not installed (dataset-fashion-mnist)"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
