@@ -5,6 +5,8 @@
 //   sinew-bench train-step  mean training-step time of a model (default: MLP 784-512-512-10, batch 64/rank)
 //   sinew-bench checkpoint  checkpoint write throughput vs dd with fdatasync on the same filesystem, restore
 //   time
+//   sinew-bench quantize    8-bit quantiser (ByteGrad's codec) encode and decode throughput, one process
+//   sinew-bench load-data   time to load and normalise a data set (default Fashion-MNIST), one process
 //
 // busbw for allreduce = algbw * 2(n-1)/n (nccl-tests' convention), so figures are comparable across rank
 // counts; for bytegrad it is the effective bandwidth (of the float buffer, not of the compressed bytes).
@@ -20,17 +22,21 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <limits>
 #include <optional>
 #include <vector>
 
 #include "common.hpp"
 #include "sinew/algo/collectives.hpp"
+#include "sinew/algo/quantize.hpp"
 #include "sinew/checkpoint/checkpoint.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/core/timer.hpp"
+#include "sinew/data/dataset.hpp"
 #include "sinew/mpi/check.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/trainer.hpp"
@@ -398,6 +404,104 @@ int bench_checkpoint(const std::vector<std::string>& args, const mpi::Communicat
   return 0;
 }
 
+/// Parses a benchmark's options into the variables `d` names.
+void parse_options(const std::vector<std::string>& args, const po::options_description& d, const char* what) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    SINEW_THROW(InvalidArgument, "{}; see sinew-bench {} --help", e.what(), what);
+  }
+}
+
+/// The quantiser's throughput (one process, rank 0): median of `reps` encodes and decodes of `mib` MiB of
+/// uniform floats in [-1, 1), and #wrong, the elements decoded further than the documented bound (max - min)
+/// / 508 per chunk plus 4 ulps (tests/unit/test_quantize.cpp checks the bound; this only measures).
+int bench_quantize(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  double mib = 16;
+  std::size_t chunk = 1024;
+  int reps = 5;
+  po::options_description d("sinew-bench quantize");
+  d.add_options()("mib", po::value(&mib)->default_value(mib), "buffer size in MiB of floats")(
+      "chunk", po::value(&chunk)->default_value(chunk), "elements per quantisation chunk")(
+      "reps", po::value(&reps)->default_value(reps), "timed repetitions (after one warm-up)");
+  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+    if (world.rank() == 0) std::cout << d;
+    return 0;
+  }
+  parse_options(args, d, "quantize");
+  if (!(mib > 0) || chunk == 0 || reps < 1)
+    SINEW_THROW(InvalidArgument, "sinew-bench quantize: need --mib > 0, --chunk >= 1 and --reps >= 1");
+  if (world.rank() != 0) return 0;
+  const auto n = static_cast<std::size_t>(mib * (1 << 20) / sizeof(float));
+  std::vector<float> x(n), y(n);
+  std::uint64_t z = 0x9E3779B97F4A7C15ULL;
+  for (auto& v : x) {
+    z = z * 6364136223846793005ULL + 1442695040888963407ULL;  // LCG: reproducible, fast
+    v = static_cast<float>(z >> 40) / static_cast<float>(1 << 23) - 1.f;
+  }
+  std::vector<std::byte> bytes(algo::encoded_bytes(n, chunk));
+  auto median_s = [&](auto&& f) {
+    f();  // warm-up: first touch
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = Clock::now();
+      f();
+      t.push_back(seconds_since(t0));
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const double enc = median_s([&] { algo::encode(x, chunk, bytes); });
+  const double dec = median_s([&] { algo::decode(bytes, chunk, y); });
+  std::size_t wrong = 0;
+  for (std::size_t b = 0; b < n; b += chunk) {
+    const auto first = x.begin() + static_cast<std::ptrdiff_t>(b);
+    const auto last = x.begin() + static_cast<std::ptrdiff_t>(std::min(b + chunk, n));
+    const auto [lo, hi] = std::minmax_element(first, last);
+    const float bound = (*hi - *lo) / 508.f +
+                        4 * std::numeric_limits<float>::epsilon() * std::max(std::abs(*lo), std::abs(*hi));
+    for (auto i = b; i < std::min(b + chunk, n); ++i) wrong += !(std::abs(x[i] - y[i]) <= bound);
+  }
+  const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
+  std::printf("# sinew-bench quantize: %.1f MiB of floats, chunk %zu, median of %d\n", mib, chunk, reps);
+  std::printf("%12s %12s %12s %8s\n", "encode_GB/s", "decode_GB/s", "wire_ratio", "#wrong");
+  std::printf("%12.2f %12.2f %12.4f %8zu\n", gb / enc, gb / dec,
+              static_cast<double>(bytes.size()) / static_cast<double>(n * sizeof(float)), wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
+/// Time to load a data set (one process, rank 0): decompression, parsing and normalisation.
+int bench_load_data(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  data::DatasetOptions o;
+  int reps = 3;
+  po::options_description d("sinew-bench load-data");
+  d.add_options()("dataset", po::value(&o.name)->default_value(o.name), "data set name (as sinew-train)")(
+      "data-dir", po::value(&o.data_dir), "its directory (default: the data set's own)")(
+      "reps", po::value(&reps)->default_value(reps), "loads timed");
+  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+    if (world.rank() == 0) std::cout << d;
+    return 0;
+  }
+  parse_options(args, d, "load-data");
+  if (reps < 1) SINEW_THROW(InvalidArgument, "sinew-bench load-data: need --reps >= 1");
+  if (world.rank() != 0) return 0;
+  std::vector<double> t;
+  std::string description;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    const auto split = data::load_dataset(o);
+    t.push_back(seconds_since(t0));
+    description = split.description;
+  }
+  std::sort(t.begin(), t.end());
+  std::printf("# sinew-bench load-data: %s\n", description.c_str());
+  std::printf("%10s %10s %10s\n", "min_s", "median_s", "max_s");
+  std::printf("%10.3f %10.3f %10.3f\n", t.front(), t[t.size() / 2], t.back());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -406,22 +510,26 @@ int main(int argc, char** argv) {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") {
       if (apps::launcher_rank() == 0) {
         std::puts(
-            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint [options]   (--help after the "
-            "name lists "
-            "them)");
+            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint|quantize|load-data [options]   "
+            "(--help after the name lists them)");
       }
       return args.empty() ? 2 : 0;
     }
     const std::string what = args[0];
     args.erase(args.begin());
-    if (what != "allreduce" && what != "train-step" && what != "checkpoint") {
+    if (what != "allreduce" && what != "train-step" && what != "checkpoint" && what != "quantize" &&
+        what != "load-data") {
       SINEW_THROW(InvalidArgument,
-                  "sinew-bench: unknown benchmark '{}'; use allreduce, train-step or checkpoint", what);
+                  "sinew-bench: unknown benchmark '{}'; use allreduce, train-step, checkpoint, quantize or "
+                  "load-data",
+                  what);
     }
     mpi::Environment env(&argc, &argv);
     log::init(env.world_rank(), env.world_size(), spdlog::level::warn);
     const auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
     if (what == "checkpoint") return bench_checkpoint(args, world);
+    if (what == "quantize") return bench_quantize(args, world);
+    if (what == "load-data") return bench_load_data(args, world);
     return what == "allreduce" ? bench_allreduce(args, world) : bench_train_step(args, world);
   });
 }

@@ -5,13 +5,11 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iostream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -609,11 +607,9 @@ TEST(Dataset, CsvByName) {
 TEST(Dataset, FashionMnistFull) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(fs::path(dir) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << dir << " not installed";
-  const auto start = std::chrono::steady_clock::now();
+  // (How long the load takes is a benchmark, `sinew-bench load-data`: no timing threshold on shared
+  // machines.)
   const DataSplit split = load_dataset(DatasetOptions{});
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << "[          ] Fashion-MNIST loaded in " << seconds << " s: " << split.description << "\n";
-  RecordProperty("load_seconds", std::to_string(seconds));
   ASSERT_EQ(split.train.size(), 60000U);
   ASSERT_EQ(split.test.size(), 10000U);
   EXPECT_EQ(split.train.dim(), 784);
@@ -635,7 +631,6 @@ TEST(Dataset, FashionMnistFull) {
   const double stddev = std::sqrt(sum_sq / n - mean * mean);
   EXPECT_NEAR(mean, 0.0, 0.01);
   EXPECT_NEAR(stddev, 1.0, 0.01);
-  EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace
