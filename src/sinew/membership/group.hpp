@@ -81,7 +81,7 @@ struct SpawnCommand {
   friend bool operator==(const SpawnCommand&, const SpawnCommand&) = default;
 };
 
-/// Optional hook run by recover() at its start, once per attempt (fault injection names it "recovery").
+/// Optional hook run by shrink() at the start of every attempt (fault injection names it "recovery").
 using RecoveryHook = std::function<void(int attempt)>;
 
 class Group {
@@ -105,7 +105,8 @@ class Group {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
   [[nodiscard]] Role role() const noexcept { return role_; }
-  /// The rank this process had in MPI_COMM_WORLD at launch; -1 for a process spawned by grow().
+  /// The rank this process had in MPI_COMM_WORLD at launch (for over(): in that communicator); -1 for a
+  /// process spawned by grow().
   [[nodiscard]] int launch_rank() const noexcept { return launch_rank_; }
   /// What grow() starts new members with; empty if the group was made without one.
   [[nodiscard]] const SpawnCommand& spawn_command() const noexcept { return spawn_; }
@@ -124,8 +125,8 @@ class Group {
   ShrinkReport shrink(const RecoveryHook& hook = {});
 
   /// Collective: starts `n` new members with spawn_command() and merges them into the view (they call
-  /// attach(), last in rank order; the epoch increments). Every member must hold the same command (MPI
-  /// uses rank 0's). Throws SpawnError if the group has no spawn command, or if the spawn fails with
+  /// attach(), last in rank order; the epoch increments). Members hold a command alike, all or none
+  /// (MPI uses rank 0's). Throws SpawnError if the group has no spawn command, or if the spawn fails with
   /// every member alive (e.g. no free slots, a program that does not exist): the view is then unchanged
   /// and usable. Throws CommFailure if a member died meanwhile.
   GrowReport grow(int n);
