@@ -1,7 +1,9 @@
-// The MPI backend against hand-computed results, and its deadlines.
+// The MPI backend against hand-computed results, its deadlines, and Work::abort().
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <numeric>
+#include <thread>
 
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
@@ -90,4 +92,86 @@ TEST(MpiBackend, AbortedBackendRefusesWork) {
   b.abort();
   float x = 1;
   EXPECT_THROW(b.allreduce(comm::Buffer::of(std::span<float>(&x, 1)), comm::ReduceOp::kSum, {}), CommFailure);
+}
+
+// ---- Work::abort() ---------------------------------------------------------------------------------------
+
+TEST(MpiBackend, AbortedReceiveFailsPromptlyAndTheBackendStaysUsable) {
+  auto b = make();
+  // Nobody sends with this tag: without abort() the wait would run into its deadline.
+  std::int32_t x = 0;
+  comm::Options o;
+  o.tag = 98;
+  auto w = b.recv(comm::Buffer::of(std::span<std::int32_t>(&x, 1)), (b.rank() + 1) % b.size(), o);
+  EXPECT_FALSE(w->test());
+  const auto t0 = std::chrono::steady_clock::now();
+  w->abort();
+  EXPECT_THROW(w->wait(30s), CommFailure);
+  EXPECT_THROW(w->test(), CommFailure);
+  w->abort();  // idempotent, never throws
+  EXPECT_THROW(w->wait(30s), CommFailure);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  // A point-to-point abort cancels that operation only: the group goes on.
+  b.barrier_sync();
+  std::int64_t v = 1;
+  b.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&v, 1)), comm::ReduceOp::kSum);
+  EXPECT_EQ(v, b.size());
+}
+
+TEST(MpiBackend, AbortFromAnotherThreadEndsAWait) {
+  auto b = make();
+  std::int32_t x = 0;
+  comm::Options o;
+  o.tag = 97;
+  auto w = b.recv(comm::Buffer::of(std::span<std::int32_t>(&x, 1)), (b.rank() + 1) % b.size(), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(100ms);
+    w->abort();
+  });
+  EXPECT_THROW(w->wait(30s), CommFailure);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  aborter.join();
+  EXPECT_GE(waited, 100ms);
+  EXPECT_LT(waited, 5s);
+  b.barrier_sync();
+}
+
+TEST(MpiBackend, AbortingAnUnfinishedCollectiveAbortsTheBackend) {
+  // Never freed: Open MPI's nonblocking collectives leave an internal receive posted when the revoke
+  // aborts them, and a freed communicator's id is reused by the next one, whose messages the stale
+  // receive would then match (MPI_ERR_TRUNCATE in a later test).
+  static auto* b = new comm::mpi::MpiBackend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  b->barrier_sync();
+  // With ULFM the abort revokes the communicator at every rank: all ranks must be past the barrier.
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Every rank starts the allreduce (so that, without ULFM, it can still complete underneath) and aborts
+  // it at once. MPI cannot cancel a collective: the backend itself is aborted (with ULFM: revoked, and
+  // a rank that gets there late finds the communicator revoked already).
+  static float v = 1;
+  std::unique_ptr<comm::Work> w;
+  try {
+    w = b->allreduce(comm::Buffer::of(std::span<float>(&v, 1)), comm::ReduceOp::kSum, {});
+  } catch (const CommFailure&) {
+    // revoked by a faster rank's abort
+  }
+  if (w) {
+    const auto t0 = std::chrono::steady_clock::now();
+    w->abort();
+    EXPECT_THROW(w->wait(30s), CommFailure);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  }
+  EXPECT_THROW(b->barrier(comm::Options{}), CommFailure);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(MpiBackend, AbortAfterCompletionStillFailsTheWait) {
+  auto b = make();
+  std::int64_t v = 1;
+  auto w = b.allreduce(comm::Buffer::of(std::span<std::int64_t>(&v, 1)), comm::ReduceOp::kSum, {});
+  w->wait(30s);
+  EXPECT_EQ(v, b.size());
+  w->abort();  // complete: nothing is left to cancel, and the backend is not aborted
+  EXPECT_THROW(w->wait(30s), CommFailure);
+  b.barrier_sync();
 }

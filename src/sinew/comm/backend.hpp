@@ -6,7 +6,10 @@
 // same operation return too) and rebuilds the group. A backend that does not support an operation throws
 // InvalidArgument naming the backend.
 //
-// Implementations live in one folder each with the same file names: comm/mpi/ (MPI), later comm/nccl/.
+// An operation can also be ended early with Work::abort(), and a whole backend with Backend::abort().
+//
+// Implementations live in one folder each with the same file names: comm/mpi/ (MPI), comm/ring/ (Sinew's
+// own ring allreduce over another backend's point-to-point operations), later comm/nccl/.
 #pragma once
 
 #include <chrono>
@@ -15,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 namespace sinew::comm {
@@ -67,19 +71,48 @@ struct Options {
   int tag = 0;  ///< point-to-point tag
 };
 
-/// An operation in flight.
+/// What operations put on the wire from this rank, for the backends and algorithms that count it
+/// (comm/ring/, algo/); they add to it.
+struct CommStats {
+  std::uint64_t bytes_sent = 0;     ///< payload bytes this rank sent
+  std::uint64_t messages_sent = 0;  ///< point-to-point messages this rank sent
+};
+
+/// An operation in flight. It must not outlive the backend that started it.
 class Work {
  public:
   Work() = default;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
   virtual ~Work() = default;
-  /// Makes progress; true once complete. Throws CommFailure if the operation failed.
+  /// Makes progress; true once complete. Throws CommFailure if the operation failed or was aborted.
   virtual bool test() = 0;
-  /// Blocks until complete. Throws Timeout after `timeout`, CommFailure if a peer failed.
+  /// Blocks until complete. Throws Timeout after `timeout`, CommFailure if a peer failed or the
+  /// operation was aborted (also from another thread while this one waits).
   /// After an exception the operation's buffers are in an unspecified state.
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+  /// Ends the operation without waiting for it: afterwards it counts as finished, and test() and wait()
+  /// throw CommFailure at once (even if it had completed before: the caller asked to give it up).
+  /// Never throws; idempotent; may be called from another thread while one blocks in wait().
+  ///
+  /// What happens underneath depends on what the transport can cancel. A point-to-point operation is
+  /// cancelled alone and the backend stays usable (but a message the peer already sent for it may still
+  /// arrive, and a transfer already under way may still complete into the buffer). A collective that
+  /// has not completed cannot be cancelled on its own (MPI has no such call) and would leave the group's
+  /// collectives out of step, so aborting it aborts the backend that started it (Backend::abort(): with
+  /// ULFM the peers blocked in it return too). After abort() the buffers are in an unspecified state.
+  virtual void abort() noexcept = 0;
 };
+
+/// The polling loop behind Work::wait(): calls w.test() until it returns true, first spinning (latency
+/// of small messages), then yielding the core, then (after 2 ms) sleeping 50 us between polls, since
+/// ranks often share cores with each other and with the compute thread. Throws Timeout "WHAT did not
+/// complete within T ms" once `timeout` has passed; a timeout too large to add to the clock is no
+/// deadline at all. Exceptions of test() pass through. `progress`, if not null, is a count that an
+/// operation of many messages raises (in test()) whenever one of them completes: the loop then goes back
+/// to spinning, as it would for the first message of a fresh wait.
+void poll_until_complete(Work& w, std::chrono::milliseconds timeout, std::string_view what,
+                         const std::uint64_t* progress = nullptr);
 
 class Backend {
  public:
@@ -108,7 +141,8 @@ class Backend {
   virtual void allreduce_blocking(Buffer buf, ReduceOp op) = 0;
 
   /// Makes every pending and future operation of this backend fail promptly, here and (where the
-  /// transport allows, e.g. ULFM revoke) at the peers. Used after a Timeout or a failure. Never throws.
+  /// transport allows, e.g. ULFM revoke) at the peers. Used after a Timeout or a failure. Never throws;
+  /// idempotent; may be called from any thread.
   virtual void abort() noexcept = 0;
 
   // Blocking conveniences: start, then wait with opts.timeout.

@@ -3,12 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <limits>
-#include <thread>
+#include <mutex>
 #include <vector>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
-#include "sinew/core/timer.hpp"
 #include "sinew/mpi/check.hpp"
 #include "sinew/mpi/environment.hpp"
 #if SINEW_HAVE_ULFM
@@ -59,48 +58,67 @@ int checked_count(std::size_t count, const char* op) {
   return static_cast<int>(count);
 }
 
-/// One or two MPI requests polled against a deadline. Polling first spins (latency of small messages),
-/// then yields the core (ranks often share cores with each other and with the compute thread).
+/// MPI requests polled against a deadline (comm::poll_until_complete). A mutex keeps abort() from
+/// another thread off the request handles while test() uses them; the flag lets a waiting thread see the
+/// abort without taking the mutex.
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string what, std::vector<Request> reqs) : what_(std::move(what)), reqs_(std::move(reqs)) {}
+  /// `owner`: the backend to abort when this operation is aborted unfinished; null for point-to-point
+  /// operations, which MPI cancels one by one.
+  MpiWork(std::string what, std::vector<Request> reqs, MpiBackend* owner)
+      : what_(std::move(what)), reqs_(std::move(reqs)), owner_(owner) {}
+  MpiWork(const MpiWork&) = delete;
+  MpiWork& operator=(const MpiWork&) = delete;
+  MpiWork(MpiWork&&) = delete;
+  MpiWork& operator=(MpiWork&&) = delete;
 
   bool test() override {
+    check_not_aborted();
+    std::lock_guard lock(mu_);
+    check_not_aborted();  // aborted while this thread waited for the mutex: the requests are gone
     bool all = true;
     for (auto& r : reqs_) all = r.test() && all;
     return all;
   }
 
-  void wait(std::chrono::milliseconds timeout) override {
-    const auto start = Clock::now(), deadline = start + timeout;
-    for (int spins = 0;; ++spins) {
-      if (test()) return;
-      if (spins > 64) {
-        const auto now = Clock::now();
-        if (now > deadline) {
-          SINEW_THROW(Timeout, "{} did not complete within {} ms; a peer is dead, stopped or far behind",
-                      what_, timeout.count());
-        }
-        // A long wait (a slow link, a peer still computing) polls less often, leaving the core to the
-        // ranks and threads that share it; a short one stays responsive.
-        if (now - start > std::chrono::milliseconds(2)) {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
+  void wait(std::chrono::milliseconds timeout) override { poll_until_complete(*this, timeout, what_); }
+
+  void abort() noexcept override {
+    if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
+    bool unfinished_collective = false;
+    try {
+      std::lock_guard lock(mu_);
+      for (auto& r : reqs_) {
+        if (owner_ != nullptr) {
+          unfinished_collective = unfinished_collective || r.active();
         } else {
-          std::this_thread::yield();
+          r.reset();  // MPI_Cancel + MPI_Request_free: an unmatched receive is cancelled at once
         }
       }
+    } catch (...) {  // std::mutex::lock: only on a broken invariant; give the group up to be safe
+      unfinished_collective = owner_ != nullptr;
     }
+    // An unfinished collective stays in MPI's queue: only aborting the communicator ends it (here, with
+    // ULFM, and at the peers); its requests then complete with an error and are dropped with the Work.
+    if (unfinished_collective) owner_->abort();
   }
 
  private:
+  void check_not_aborted() const {
+    if (aborted_.load(std::memory_order_acquire)) SINEW_THROW(CommFailure, "{} was aborted", what_);
+  }
+
   std::string what_;
-  std::vector<Request> reqs_;
+  std::mutex mu_;
+  std::vector<Request> reqs_;  // guarded by mu_
+  MpiBackend* owner_;
+  std::atomic<bool> aborted_{false};
 };
 
-std::unique_ptr<Work> one(std::string what, Request r) {
+std::unique_ptr<Work> one(std::string what, Request r, MpiBackend* owner) {
   std::vector<Request> v;
   v.push_back(std::move(r));
-  return std::make_unique<MpiWork>(std::move(what), std::move(v));
+  return std::make_unique<MpiWork>(std::move(what), std::move(v), owner);
 }
 
 }  // namespace
@@ -127,7 +145,7 @@ std::unique_ptr<Work> MpiBackend::allreduce(Buffer buf, ReduceOp op, const Optio
   Request r;
   SINEW_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf.data, checked_count(buf.count, "allreduce"), to_mpi(buf.dtype),
                            to_mpi(op), comm_.get(), r.out_collective()));
-  return one(fmt::format("allreduce({} x {})", buf.count, dtype_name(buf.dtype)), std::move(r));
+  return one(fmt::format("allreduce({} x {})", buf.count, dtype_name(buf.dtype)), std::move(r), this);
 }
 
 void MpiBackend::allreduce_blocking(Buffer buf, ReduceOp op) {
@@ -142,7 +160,8 @@ std::unique_ptr<Work> MpiBackend::broadcast(Buffer buf, int root, const Options&
   Request r;
   SINEW_MPI(MPI_Ibcast(buf.data, checked_count(buf.count, "broadcast"), to_mpi(buf.dtype), root, comm_.get(),
                        r.out_collective()));
-  return one(fmt::format("broadcast({} x {} from {})", buf.count, dtype_name(buf.dtype), root), std::move(r));
+  return one(fmt::format("broadcast({} x {} from {})", buf.count, dtype_name(buf.dtype), root), std::move(r),
+             this);
 }
 
 std::unique_ptr<Work> MpiBackend::allgather(Buffer in, Buffer out, const Options&) {
@@ -156,7 +175,7 @@ std::unique_ptr<Work> MpiBackend::allgather(Buffer in, Buffer out, const Options
   const int n = checked_count(in.count, "allgather");
   SINEW_MPI(MPI_Iallgather(in.data, n, to_mpi(in.dtype), out.data, n, to_mpi(out.dtype), comm_.get(),
                            r.out_collective()));
-  return one(fmt::format("allgather({} x {})", in.count, dtype_name(in.dtype)), std::move(r));
+  return one(fmt::format("allgather({} x {})", in.count, dtype_name(in.dtype)), std::move(r), this);
 }
 
 std::unique_ptr<Work> MpiBackend::send(Buffer buf, int peer, const Options& opts) {
@@ -165,7 +184,8 @@ std::unique_ptr<Work> MpiBackend::send(Buffer buf, int peer, const Options& opts
   Request r;
   SINEW_MPI(MPI_Isend(buf.data, checked_count(buf.count, "send"), to_mpi(buf.dtype), peer, opts.tag,
                       comm_.get(), r.out_p2p()));
-  return one(fmt::format("send({} x {} to {})", buf.count, dtype_name(buf.dtype), peer), std::move(r));
+  return one(fmt::format("send({} x {} to {})", buf.count, dtype_name(buf.dtype), peer), std::move(r),
+             nullptr);
 }
 
 std::unique_ptr<Work> MpiBackend::recv(Buffer buf, int peer, const Options& opts) {
@@ -174,14 +194,15 @@ std::unique_ptr<Work> MpiBackend::recv(Buffer buf, int peer, const Options& opts
   Request r;
   SINEW_MPI(MPI_Irecv(buf.data, checked_count(buf.count, "recv"), to_mpi(buf.dtype), peer, opts.tag,
                       comm_.get(), r.out_p2p()));
-  return one(fmt::format("recv({} x {} from {})", buf.count, dtype_name(buf.dtype), peer), std::move(r));
+  return one(fmt::format("recv({} x {} from {})", buf.count, dtype_name(buf.dtype), peer), std::move(r),
+             nullptr);
 }
 
 std::unique_ptr<Work> MpiBackend::barrier(const Options&) {
   check_usable();
   Request r;
   SINEW_MPI(MPI_Ibarrier(comm_.get(), r.out_collective()));
-  return one("barrier", std::move(r));
+  return one("barrier", std::move(r), this);
 }
 
 void MpiBackend::abort() noexcept {

@@ -1,5 +1,9 @@
 // The MPI backend: Sinew's Backend over an MPI communicator, with nonblocking MPI operations polled
 // against a deadline, so that no call can hang forever.
+//
+// Work::abort() of its operations: a send or receive is cancelled (MPI_Cancel, then the request is
+// freed) and the backend stays usable; an unfinished collective, which MPI cannot cancel, aborts the
+// backend (abort() below).
 #pragma once
 
 #include <atomic>
@@ -30,6 +34,8 @@ class MpiBackend final : public Backend {
   void abort() noexcept override;
 
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_.get(); }
+  /// Whether abort() was called.
+  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
  private:
   void check_usable() const;
