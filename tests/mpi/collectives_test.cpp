@@ -1,5 +1,6 @@
-// Ring and ByteGrad allreduce: against MPI_Allreduce and the exact sum, bitwise agreement across ranks,
-// the documented error bound, error-feedback accounting, wire bytes, and deadlines when a rank is missing.
+// The ring backend (comm/ring/) and ByteGrad's compressed allreduce (algo/): against MPI_Allreduce and the
+// exact sum, bitwise agreement across ranks, the documented error bound, error-feedback accounting, wire
+// bytes, delegation of what the ring does not do, deadlines when a rank is missing, and abort().
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,11 +8,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <thread>
 #include <vector>
 
 #include "sinew/algo/collectives.hpp"
 #include "sinew/algo/quantize.hpp"
 #include "sinew/comm/mpi/backend.hpp"
+#include "sinew/comm/ring/backend.hpp"
 #include "sinew/core/error.hpp"
 
 using namespace sinew;
@@ -19,7 +23,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr std::size_t kSeg = algo::kRingSegmentBytes / sizeof(float);  // floats per ring message
+constexpr std::size_t kSeg = comm::ring::kSegmentBytes / sizeof(float);  // floats per ring message
 
 comm::mpi::MpiBackend make() { return comm::mpi::MpiBackend(mpi::Communicator::borrow(MPI_COMM_WORLD)); }
 
@@ -60,42 +64,121 @@ std::vector<std::size_t> sizes(int n) {
   return {0, 1, un - 1, un, un + 1, 1001, 3 * (kSeg + 5), std::size_t{1} << 20};
 }
 
+/// The ring's sum of `v` over the group.
+void ring_sum(comm::ring::RingBackend& ring, std::vector<float>& v, const comm::Options& o = {}) {
+  ring.allreduce_sync(comm::Buffer::of(std::span<float>(v)), comm::ReduceOp::kSum, o);
+}
+
 }  // namespace
 
-TEST(RingAllreduce, MatchesMpiAllreduceAndIsBitwiseEqualOnAllRanks) {
+TEST(RingBackend, MatchesMpiAllreduceAndIsBitwiseEqualOnAllRanks) {
   auto b = make();
+  comm::ring::RingBackend ring(b);
+  EXPECT_EQ(ring.name(), "ring");
+  EXPECT_EQ(ring.rank(), b.rank());
+  EXPECT_EQ(ring.size(), b.size());
   const int n = b.size();
-  for (const std::size_t count : sizes(n)) {
-    SCOPED_TRACE(count);
-    auto ring = inputs(count, b.rank(), count);
-    auto ref = ring;
-    algo::ring_allreduce(b, ring, {});
-    b.allreduce_sync(comm::Buffer::of(std::span<float>(ref)), comm::ReduceOp::kSum);
-    const auto exact = exact_sum(count, n, count);
-    const float tol =
-        4 * static_cast<float>(n) * std::numeric_limits<float>::epsilon() * static_cast<float>(n);
-    for (std::size_t i = 0; i < count; ++i) {
-      ASSERT_NEAR(ring[i], ref[i], 2 * tol) << i;
-      ASSERT_NEAR(ring[i], exact[i], tol) << i;
+  for (const bool blocking : {false, true}) {
+    for (const std::size_t count : sizes(n)) {
+      SCOPED_TRACE(testing::Message()
+                   << "count " << count << (blocking ? " allreduce_blocking" : " allreduce"));
+      auto v = inputs(count, b.rank(), count);
+      auto ref = v;
+      if (blocking) {
+        ring.allreduce_blocking(comm::Buffer::of(std::span<float>(v)), comm::ReduceOp::kSum);
+      } else {
+        ring_sum(ring, v);
+      }
+      b.allreduce_sync(comm::Buffer::of(std::span<float>(ref)), comm::ReduceOp::kSum);
+      const auto exact = exact_sum(count, n, count);
+      const float tol =
+          4 * static_cast<float>(n) * std::numeric_limits<float>::epsilon() * static_cast<float>(n);
+      for (std::size_t i = 0; i < count; ++i) {
+        ASSERT_NEAR(v[i], ref[i], 2 * tol) << i;
+        ASSERT_NEAR(v[i], exact[i], tol) << i;
+      }
+      expect_bitwise_equal_to_rank0(b, v);
     }
-    expect_bitwise_equal_to_rank0(b, ring);
   }
 }
 
-TEST(RingAllreduce, SendsTwoNMinusOneOverNOfTheBuffer) {
+TEST(RingBackend, SendsTwoNMinusOneOverNOfTheBuffer) {
   auto b = make();
   const int n = b.size();
   const std::size_t per_block = 100003;  // two segments per block, the second one short
   const std::size_t count = per_block * static_cast<std::size_t>(n);
   std::vector<float> v(count, 1.f);
-  algo::CommStats s;
-  algo::ring_allreduce(b, v, {}, &s);
+  comm::CommStats s;
+  comm::ring::RingBackend ring(b, &s);
+  ring_sum(ring, v);
   EXPECT_EQ(s.bytes_sent, 2 * static_cast<std::uint64_t>(n - 1) * per_block * sizeof(float));
   const std::uint64_t segments = (per_block + kSeg - 1) / kSeg;
   EXPECT_EQ(s.messages_sent, 2 * static_cast<std::uint64_t>(n - 1) * segments);
   EXPECT_TRUE(std::all_of(v.begin(), v.end(), [&](float x) { return x == static_cast<float>(n); }));
-  algo::ring_allreduce(b, v, {}, &s);  // stats accumulate over calls
+  ring_sum(ring, v);  // stats accumulate over calls
   EXPECT_EQ(s.bytes_sent, 4 * static_cast<std::uint64_t>(n - 1) * per_block * sizeof(float));
+}
+
+TEST(RingBackend, TestAdvancesTheRingUntilItCompletes) {
+  auto b = make();
+  comm::ring::RingBackend ring(b);
+  const std::size_t count = 5 * kSeg + 3;
+  auto v = inputs(7, b.rank(), count);
+  auto ref = v;
+  auto w = ring.allreduce(comm::Buffer::of(std::span<float>(v)), comm::ReduceOp::kSum, {});
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!w->test()) ASSERT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  EXPECT_TRUE(w->test());  // stays complete
+  w->wait(1s);
+  b.allreduce_sync(comm::Buffer::of(std::span<float>(ref)), comm::ReduceOp::kSum);
+  const float tol =
+      8 * static_cast<float>(b.size()) * std::numeric_limits<float>::epsilon() * static_cast<float>(b.size());
+  for (std::size_t i = 0; i < count; ++i) ASSERT_NEAR(v[i], ref[i], tol) << i;
+}
+
+TEST(RingBackend, DelegatesWhatTheRingDoesNotDo) {
+  auto b = make();
+  comm::CommStats s;
+  comm::ring::RingBackend ring(b, &s);
+  const int r = b.rank(), n = b.size();
+  // Other element types and reductions are the inner backend's allreduce.
+  std::vector<double> d(101);
+  std::iota(d.begin(), d.end(), static_cast<double>(r));
+  ring.allreduce_sync(comm::Buffer::of(std::span<double>(d)), comm::ReduceOp::kSum);
+  for (std::size_t i = 0; i < d.size(); ++i) ASSERT_EQ(d[i], n * static_cast<double>(i) + n * (n - 1) / 2.0);
+  float mx = static_cast<float>(r);
+  ring.allreduce_sync(comm::Buffer::of(std::span<float>(&mx, 1)), comm::ReduceOp::kMax);
+  EXPECT_EQ(mx, static_cast<float>(n - 1));
+  std::int64_t mn = r + 1;
+  ring.allreduce_blocking(comm::Buffer::of(std::span<std::int64_t>(&mn, 1)), comm::ReduceOp::kMin);
+  EXPECT_EQ(mn, 1);
+  EXPECT_EQ(s.bytes_sent, 0u) << "only the ring's own messages are counted";
+  // Everything else too.
+  std::vector<std::int32_t> bc(5, r == 0 ? 42 : -1);
+  ring.broadcast_sync(comm::Buffer::of(std::span<std::int32_t>(bc)), 0);
+  for (auto x : bc) ASSERT_EQ(x, 42);
+  std::vector<float> in(2, static_cast<float>(r)), out(2 * static_cast<std::size_t>(n));
+  ring.allgather_sync(comm::Buffer::of(std::span<float>(in)), comm::Buffer::of(std::span<float>(out)));
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<float>(i / 2));
+  std::int64_t send = r, recv = -1;
+  comm::Options o;
+  o.tag = 5;
+  auto rw = ring.recv(comm::Buffer::of(std::span<std::int64_t>(&recv, 1)), (r + n - 1) % n, o);
+  auto sw = ring.send(comm::Buffer::of(std::span<std::int64_t>(&send, 1)), (r + 1) % n, o);
+  rw->wait(30s);
+  sw->wait(30s);
+  EXPECT_EQ(recv, (r + n - 1) % n);
+  ring.barrier_sync();
+}
+
+TEST(RingBackend, BlockOfSplitsEvenly) {
+  const comm::ring::Block a = comm::ring::block_of(10, 3, 0), c = comm::ring::block_of(10, 3, 2);
+  EXPECT_EQ(a.offset, 0u);
+  EXPECT_EQ(a.count, 4u);
+  EXPECT_EQ(c.offset, 7u);
+  EXPECT_EQ(c.count, 3u);
+  EXPECT_EQ(comm::ring::block_of(2, 4, 3).count, 0u);
+  EXPECT_THROW((void)comm::ring::block_of(10, 3, 3), InvalidArgument);
 }
 
 TEST(CompressedAllreduce, WithinTheDocumentedBoundAndBitwiseEqualOnAllRanks) {
@@ -167,7 +250,8 @@ TEST(CompressedAllreduce, SendsAQuarterOfTheRingsBytes) {
   const std::size_t count = per_block * static_cast<std::size_t>(n);
   std::vector<float> v = inputs(5, b.rank(), count);
   algo::CommStats ring, bytegrad;
-  algo::ring_allreduce(b, v, {}, &ring);
+  comm::ring::RingBackend ring_backend(b, &ring);
+  ring_sum(ring_backend, v);
   v = inputs(5, b.rank(), count);
   algo::compressed_allreduce(b, v, chunk, {}, {}, &bytegrad);
   // n-1 blocks out in the scatter, our reduced block to n-1 ranks in the allgather.
@@ -200,7 +284,8 @@ TEST(Collectives, AMissingRankIsATimeoutNotAHang) {
         if (compressed) {
           EXPECT_THROW(algo::compressed_allreduce(b, v, 1024, {}, o), Timeout);
         } else {
-          EXPECT_THROW(algo::ring_allreduce(b, v, o), Timeout);
+          comm::ring::RingBackend ring(b);
+          EXPECT_THROW(ring_sum(ring, v, o), Timeout);
         }
         const auto waited = std::chrono::steady_clock::now() - t0;
         EXPECT_GE(waited, 300ms);
@@ -208,5 +293,51 @@ TEST(Collectives, AMissingRankIsATimeoutNotAHang) {
       }
       MPI_Barrier(MPI_COMM_WORLD);
     }
+  }
+}
+
+TEST(RingBackend, AbortEndsARingThatCannotFinish) {
+  // Rank 0 stays away: the others' ring cannot complete. abort() (here from another thread, as a
+  // watchdog would) ends the wait with CommFailure long before its deadline, and the backend refuses work.
+  {
+    auto b = make();  // a fresh communicator: the messages left behind never reach later tests
+    if (b.rank() != 0) {
+      comm::ring::RingBackend ring(b);
+      std::vector<float> v(std::size_t{1} << 18, 1.f);
+      auto w = ring.allreduce(comm::Buffer::of(std::span<float>(v)), comm::ReduceOp::kSum, {});
+      const auto t0 = std::chrono::steady_clock::now();
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(100ms);
+        w->abort();
+      });
+      EXPECT_THROW(w->wait(60s), CommFailure);
+      aborter.join();
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+      EXPECT_TRUE(ring.aborted());
+      EXPECT_THROW(ring_sum(ring, v), CommFailure);
+      w->abort();  // idempotent
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST(RingBackend, AbortOfTheBackendEndsABlockingRing) {
+  // allreduce_blocking has no deadline of its own: the backend's abort() from another thread ends it.
+  {
+    auto b = make();
+    if (b.rank() != 0) {
+      comm::ring::RingBackend ring(b);
+      std::vector<float> v(1000, 1.f);
+      const auto t0 = std::chrono::steady_clock::now();
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(100ms);
+        ring.abort();
+      });
+      EXPECT_THROW(ring.allreduce_blocking(comm::Buffer::of(std::span<float>(v)), comm::ReduceOp::kSum),
+                   CommFailure);
+      aborter.join();
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sinew/algo/quantize.hpp"
+#include "sinew/comm/ring/backend.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 
@@ -20,7 +21,7 @@ namespace sinew::algo {
 
 namespace {
 
-// Point-to-point tags of the model exchanges (the collectives of collectives.hpp use the context's tag).
+// Point-to-point tags of the model exchanges (the ring and compressed allreduces use the context's tag).
 constexpr int kTagPeer = 101;     // shift_one: the whole model to this round's peer
 constexpr int kTagToRight = 102;  // low_precision_decentralized: a compressed difference to the right
 constexpr int kTagToLeft = 103;   // ... and to the left
@@ -52,24 +53,29 @@ void scale(std::span<float> v, float f) {
 
 // ---- exact and compressed gradient reduction ---------------------------------------------------------
 
+/// Sums a buffer over the group in place with our ring (comm/ring/), bounded by `op`'s deadline.
+void ring_sum(comm::ring::RingBackend& ring, std::span<float> v, const comm::Options& op) {
+  ring.allreduce_sync(comm::Buffer::of(v), comm::ReduceOp::kSum, op);
+}
+
 /// The baseline: every gradient bucket is summed exactly, with the MPI library's tuned allreduce (the
 /// bucketer's own path) or with our ring over point-to-point (faster on slow TCP links, see FACTS.md).
 class GradientAllreduce final : public Algorithm {
  public:
-  GradientAllreduce(Context ctx, bool ring) : Algorithm(std::move(ctx)), ring_(ring) {}
+  GradientAllreduce(Context ctx, AllreduceImpl impl) : Algorithm(std::move(ctx)), impl_(impl) {}
   [[nodiscard]] std::string name() const override { return "gradient_allreduce"; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
-  [[nodiscard]] bool uses_backend_allreduce() const override { return !ring_; }
-  void reduce_bucket(std::span<float> bucket, std::size_t) override {
-    ring_allreduce(ctx_.backend, bucket, ctx_.op, &stats_);
-  }
+  [[nodiscard]] bool uses_backend_allreduce() const override { return impl_ == AllreduceImpl::kMpi; }
+  void reduce_bucket(std::span<float> bucket, std::size_t) override { ring_sum(ring_, bucket, ctx_.op); }
   void step(std::int64_t s, float lr) override {
-    if (!ring_) stats_.bytes_sent += allreduce_bytes(ctx_.grads.size(), ctx_.backend.size());
+    if (impl_ == AllreduceImpl::kMpi)
+      stats_.bytes_sent += allreduce_bytes(ctx_.grads.size(), ctx_.backend.size());
     Algorithm::step(s, lr);
   }
 
  private:
-  bool ring_;
+  AllreduceImpl impl_;
+  comm::ring::RingBackend ring_{ctx_.backend, &stats_};  // kRing: reduces the buckets, counting its bytes
 };
 
 /// Bagua's ByteGrad: buckets are reduced in 8-bit min-max quantised form (compressed_allreduce), about a
@@ -113,9 +119,7 @@ class QAdam final : public Algorithm {
   }
   [[nodiscard]] std::string name() const override { return "qadam"; }
   [[nodiscard]] bool reduces_gradients(std::int64_t s) const override { return s <= o_.qadam_warmup_steps; }
-  void reduce_bucket(std::span<float> bucket, std::size_t) override {
-    ring_allreduce(ctx_.backend, bucket, ctx_.op, &stats_);
-  }
+  void reduce_bucket(std::span<float> bucket, std::size_t) override { ring_sum(ring_, bucket, ctx_.op); }
   void step(std::int64_t s, float lr) override {
     if (reduces_gradients(s)) {
       Algorithm::step(s, lr);
@@ -145,6 +149,7 @@ class QAdam final : public Algorithm {
   AlgorithmOptions o_;
   std::span<float> m_, v_;
   std::vector<float> local_;
+  comm::ring::RingBackend ring_{ctx_.backend, &stats_};  // the warm-up's exact gradient reduction
 };
 
 // ---- decentralized model averaging ---------------------------------------------------------------------
@@ -374,10 +379,10 @@ class Async final : public LocalSteps {
           }
           stop = stop_ ? 1.f : 0.f;
         }
-        ring_allreduce(ctx_.backend, std::span<float>(&stop, 1), op_);
+        ring_sum(ring_, std::span<float>(&stop, 1), op_);
         if (stop > 0.f) break;
         std::copy(sent_.begin(), sent_.end(), avg_.begin());
-        ring_allreduce(ctx_.backend, avg_, op_);
+        ring_sum(ring_, avg_, op_);
         scale(avg_, 1.f / n);
         bg_bytes_ += allreduce_bytes(avg_.size(), ctx_.backend.size()) + sizeof stop;
         std::lock_guard lock(mu_);
@@ -391,7 +396,8 @@ class Async final : public LocalSteps {
 
   int interval_;
   std::vector<float> sent_, avg_;
-  comm::Options op_ = ctx_.op;  // the background rounds' tag
+  comm::Options op_ = ctx_.op;                  // the background rounds' tag
+  comm::ring::RingBackend ring_{ctx_.backend};  // the background rounds (counted in bg_bytes_)
   std::mutex mu_;
   std::condition_variable cv_;
   State state_ = State::kIdle;  // guarded by mu_
@@ -404,8 +410,7 @@ class Async final : public LocalSteps {
 // ---- auto ----------------------------------------------------------------------------------------------
 
 std::unique_ptr<Algorithm> make_named(const std::string& name, const AlgorithmOptions& o, Context ctx) {
-  if (name == "gradient_allreduce")
-    return std::make_unique<GradientAllreduce>(std::move(ctx), o.allreduce == "ring");
+  if (name == "gradient_allreduce") return std::make_unique<GradientAllreduce>(std::move(ctx), o.allreduce);
   if (name == "bytegrad") return std::make_unique<ByteGrad>(std::move(ctx), o.chunk, o.error_feedback);
   if (name == "qadam") return std::make_unique<QAdam>(std::move(ctx), o);
   if (name == "decentralized")
@@ -429,11 +434,12 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
     why = "a single rank communicates nothing";
   } else {
     std::vector<float> probe(ctx.grads.size(), 1.f);
-    ring_allreduce(ctx.backend, probe, ctx.op);  // warm-up: connections, pages
+    comm::ring::RingBackend ring(ctx.backend);
+    ring_sum(ring, probe, ctx.op);  // warm-up: connections, pages
     std::vector<double> ms;
     for (int i = 0; i < 3; ++i) {
       const auto t0 = Clock::now();
-      ring_allreduce(ctx.backend, probe, ctx.op);
+      ring_sum(ring, probe, ctx.op);
       ms.push_back(seconds_since(t0) * 1e3);
     }
     std::sort(ms.begin(), ms.end());
@@ -450,7 +456,7 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
       why = fmt::format("allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms: 8-bit gradients", t[0], ratio,
                         t[1]);
     }
-    o.allreduce = "ring";
+    o.allreduce = AllreduceImpl::kRing;
   }
   const double busbw =
       t[0] > 0 ? static_cast<double>(allreduce_bytes(ctx.grads.size(), n)) / (t[0] / 1e3) : 0;

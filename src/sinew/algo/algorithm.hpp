@@ -28,19 +28,26 @@
 
 #include "sinew/algo/collectives.hpp"
 #include "sinew/comm/backend.hpp"
+#include "sinew/core/names.hpp"
 #include "sinew/optim/optimizer.hpp"
 
 namespace sinew::algo {
 
+/// The exact allreduce of gradient_allreduce: the backend's own (the MPI library's tuned algorithms, on
+/// the bucketer's path) or Sinew's ring (comm::ring::RingBackend over the group's backend).
+enum class AllreduceImpl : std::uint8_t { kMpi, kRing };
+inline constexpr sinew::NameTable<AllreduceImpl, 2> kAllreduceNames{
+    {{AllreduceImpl::kMpi, "mpi"}, {AllreduceImpl::kRing, "ring"}}};
+
 struct AlgorithmOptions {
-  std::string name = "gradient_allreduce";  ///< see algorithm_names()
-  std::string allreduce = "mpi";            ///< gradient_allreduce: mpi (the library's tuned one) | ring
-  std::size_t chunk = 2048;                 ///< elements per quantisation chunk (bytegrad, qadam, lpd)
-  bool error_feedback = false;              ///< bytegrad: carry the quantisation residual to the next step
-  std::int64_t qadam_warmup_steps = 100;    ///< qadam: exact Adam steps before the variance is frozen
-  std::string peer_selection = "all";       ///< decentralized: all | shift_one
-  int comm_interval = 1;                    ///< decentralized: average every this many steps
-  int sync_interval_ms = 50;                ///< async: average models this often in the background
+  std::string name = "gradient_allreduce";        ///< see algorithm_names()
+  AllreduceImpl allreduce = AllreduceImpl::kMpi;  ///< gradient_allreduce's exact allreduce
+  std::size_t chunk = 2048;                       ///< elements per quantisation chunk (bytegrad, qadam, lpd)
+  bool error_feedback = false;            ///< bytegrad: carry the quantisation residual to the next step
+  std::int64_t qadam_warmup_steps = 100;  ///< qadam: exact Adam steps before the variance is frozen
+  std::string peer_selection = "all";     ///< decentralized: all | shift_one
+  int comm_interval = 1;                  ///< decentralized: average every this many steps
+  int sync_interval_ms = 50;              ///< async: average models this often in the background
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  ///< qadam (the run's Adam settings)
 };
 

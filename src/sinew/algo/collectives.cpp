@@ -7,11 +7,15 @@
 #include <vector>
 
 #include "sinew/algo/quantize.hpp"
+#include "sinew/comm/ring/backend.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 
 namespace sinew::algo {
 namespace {
+
+using comm::ring::Block;
+using comm::ring::block_of;
 
 using Works = std::vector<std::unique_ptr<comm::Work>>;
 
@@ -51,59 +55,6 @@ void count_send(CommStats* stats, std::size_t bytes) {
 int wrap(int i, int n) { return ((i % n) + n) % n; }
 
 }  // namespace
-
-Block block_of(std::size_t count, int parts, int i) {
-  if (parts < 1 || i < 0 || i >= parts) {
-    SINEW_THROW(InvalidArgument, "block_of: block {} of {} does not exist", i, parts);
-  }
-  const auto p = static_cast<std::size_t>(parts), k = static_cast<std::size_t>(i);
-  const std::size_t base = count / p, extra = count % p;
-  return {k * base + std::min(k, extra), base + (k < extra ? 1 : 0)};
-}
-
-void ring_allreduce(comm::Backend& backend, std::span<float> data, const comm::Options& opts,
-                    CommStats* stats) {
-  const int n = backend.size(), r = backend.rank();
-  if (n == 1 || data.empty()) return;
-  const Deadline deadline(fmt::format("ring_allreduce of {} floats", data.size()), opts.timeout);
-  const std::size_t seg = kRingSegmentBytes / sizeof(float);
-  const int left = wrap(r - 1, n), right = wrap(r + 1, n);
-  std::vector<float> incoming(block_of(data.size(), n, 0).count);  // block 0 is a largest one
-  // Steps 0..n-2 reduce-scatter, n-1..2n-3 allgather. In both, step g sends block r-g, which this rank
-  // completed in step g-1 (or holds from the start), and receives block r-g-1 from the left: added to
-  // ours during the reduce-scatter, after which this rank holds the full sum of block r+1; copied during
-  // the allgather.
-  for (int g = 0; g < 2 * (n - 1); ++g) {
-    const bool reduce = g < n - 1;
-    const Block out = block_of(data.size(), n, wrap(r - g, n));
-    const Block in = block_of(data.size(), n, wrap(r - g - 1, n));
-    const std::span<float> dst =
-        reduce ? std::span<float>(incoming).first(in.count) : data.subspan(in.offset, in.count);
-    // Receives are posted before the sends, so that the neighbour's segments land in place.
-    Works recvs, sends;
-    for (std::size_t off = 0; off < in.count; off += seg) {
-      recvs.push_back(
-          backend.recv(comm::Buffer::of(dst.subspan(off, std::min(seg, in.count - off))), left, opts));
-    }
-    for (std::size_t off = 0; off < out.count; off += seg) {
-      const std::size_t len = std::min(seg, out.count - off);
-      sends.push_back(backend.send(comm::Buffer::of(data.subspan(out.offset + off, len)), right, opts));
-      count_send(stats, len * sizeof(float));
-    }
-    // Adding segment i overlaps with the transfer of the later ones.
-    for (std::size_t i = 0, off = 0; i < recvs.size(); ++i, off += seg) {
-      deadline.wait(*recvs[i]);
-      if (!reduce) continue;
-      const std::size_t len = std::min(seg, in.count - off);
-      float* acc = data.data() + in.offset + off;
-      const float* add = incoming.data() + off;
-      for (std::size_t j = 0; j < len; ++j) acc[j] += add[j];
-    }
-    // The block sent now is written again n-1 steps later (the very next step with 2 ranks), and
-    // `incoming` is reused: MPI forbids touching the buffer of an incomplete operation, so finish the step.
-    deadline.wait_all(sends);
-  }
-}
 
 void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::size_t chunk,
                           std::span<float> residual, const comm::Options& opts, CommStats* stats) {

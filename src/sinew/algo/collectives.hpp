@@ -1,14 +1,8 @@
-// Allreduce algorithms for slow networks, built on the backend's point-to-point operations.
+// Compressed allreduce for slow networks, built on the backend's point-to-point operations. (The exact
+// ring allreduce is a backend of its own: comm/ring/backend.hpp.)
 //
-// Both split the buffer into size() nearly equal contiguous blocks (block_of) and sum in place.
-//
-// ring_allreduce: the bandwidth-optimal ring. Reduce-scatter (n-1 steps: send one block to the right
-// neighbour, receive one from the left and add it), then allgather (n-1 steps: pass the reduced blocks
-// on). Each rank sends 2(n-1)/n of the buffer, the minimum for an allreduce. Blocks travel in segments of
-// kRingSegmentBytes, so that adding one segment overlaps with the transfer of the next. The allgather
-// copies the final values, so all ranks end bitwise equal.
-//
-// compressed_allreduce: ByteGrad (Bagua). Each rank quantises block j of its buffer (quantize.hpp) and
+// compressed_allreduce: ByteGrad (Bagua). It splits the buffer into size() nearly equal contiguous blocks
+// (comm::ring::block_of). Each rank quantises block j of its buffer (quantize.hpp) and
 // sends it to rank j; rank j sums the n contributions of its block (its own exactly, the others decoded),
 // quantises the sum, and sends it to every rank; everyone, rank j included, decodes the same bytes, so all
 // ranks end bitwise equal. Each rank sends about 2(n-1)/n of the buffer at one byte per element, a
@@ -29,11 +23,11 @@
 // compensation). Summed over ranks and calls, the outputs plus the final residuals equal the inputs up to
 // float rounding.
 //
-// Both functions are collective (all ranks call them in the same order, with the same data.size() and
-// chunk) and use the point-to-point tag opts.tag; other traffic on the backend must use another tag. The
-// whole call must complete within opts.timeout: otherwise it throws Timeout, and a failed peer surfaces as
-// the backend's CommFailure. After an exception, data and residual are unspecified and the backend
-// should be aborted. With one rank both return at once and leave data (and residual) unchanged.
+// The call is collective (all ranks call it in the same order, with the same data.size() and chunk) and
+// uses the point-to-point tag opts.tag; other traffic on the backend must use another tag. The whole
+// call must complete within opts.timeout: otherwise it throws Timeout, and a failed peer surfaces as the
+// backend's CommFailure. After an exception, data and residual are unspecified and the backend should be
+// aborted. With one rank it returns at once and leaves data (and residual) unchanged.
 #pragma once
 
 #include <cstddef>
@@ -45,25 +39,7 @@
 namespace sinew::algo {
 
 /// What a call put on the wire from this rank; the functions add to it.
-struct CommStats {
-  std::uint64_t bytes_sent = 0;     ///< payload bytes this rank sent
-  std::uint64_t messages_sent = 0;  ///< point-to-point messages this rank sent
-};
-
-/// Segment size of ring_allreduce's messages.
-inline constexpr std::size_t kRingSegmentBytes = 256u << 10;
-
-/// Block `i` of `parts` nearly equal contiguous blocks of `count` elements: the first count % parts
-/// blocks have one element more.
-struct Block {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
-[[nodiscard]] Block block_of(std::size_t count, int parts, int i);
-
-/// In-place sum over all ranks with the ring algorithm. `stats` may be null.
-void ring_allreduce(comm::Backend& backend, std::span<float> data, const comm::Options& opts,
-                    CommStats* stats = nullptr);
+using CommStats = comm::CommStats;
 
 /// In-place approximate sum over all ranks, with 8-bit quantisation in chunks of `chunk` elements.
 /// `residual`: empty (no error feedback) or data.size() floats carried from call to call. `stats` may be
