@@ -30,9 +30,11 @@
 #include "common.hpp"
 #include "sinew/algo/collectives.hpp"
 #include "sinew/algo/quantize.hpp"
-#include "sinew/checkpoint/checkpoint.hpp"
+#include "sinew/checkpoint/reader.hpp"
+#include "sinew/checkpoint/writer.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
+#include "sinew/comm/ring/backend.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/core/timer.hpp"
@@ -150,9 +152,10 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     std::optional<comm::GradientBucketer> bucketer;
     if (impl == "mpi") bucketer.emplace(backend, buf, ranges, bo);
     algo::CommStats stats;
+    comm::ring::RingBackend ring(backend, &stats);
     const auto reduce = [&] {
       if (impl == "ring") {
-        algo::ring_allreduce(backend, buf, bo.op, &stats);
+        ring.allreduce_sync(comm::Buffer::of(std::span<float>(buf)), comm::ReduceOp::kSum, bo.op);
       } else if (impl == "bytegrad") {
         algo::compressed_allreduce(backend, buf, chunk, {}, bo.op, &stats);
       } else {

@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "common.hpp"
-#include "sinew/checkpoint/checkpoint.hpp"
+#include "sinew/checkpoint/catalog.hpp"
+#include "sinew/checkpoint/reader.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
 
@@ -131,21 +132,6 @@ std::uint64_t disk_bytes(const fs::path& dir) {
   return total;
 }
 
-/// The step in a directory name "ckpt-0000000120" or "ckpt-0000000120.partial"; nullopt otherwise.
-std::optional<std::int64_t> step_of(const std::string& name, bool partial) {
-  std::string digits = name;
-  if (!digits.starts_with("ckpt-")) return std::nullopt;
-  digits.erase(0, 5);
-  if (partial) {
-    if (!digits.ends_with(".partial")) return std::nullopt;
-    digits.resize(digits.size() - 8);
-  }
-  if (digits.size() != 10 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  return std::stoll(digits);
-}
-
 /// Fails with a message naming `path` itself when nothing is there (the library would name the manifest
 /// it looked for, which for a mistyped directory is a file in its parent).
 void require_exists(const std::string& path) {
@@ -205,19 +191,14 @@ int cmd_list(const std::vector<std::string>& argv) {
     valid += e.valid ? 1 : 0;
     rows.push_back(std::move(r));
   }
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const auto step = step_of(name, /*partial=*/true);
-    std::error_code dec;
-    if (!step || !it->is_directory(dec)) continue;
+  for (const auto& e : ck::scan_partial(dir)) {
     Row r;
-    r.path = it->path().string();
-    r.name = name;
-    r.step = *step;
+    r.path = e.path;
+    r.name = fs::path(e.path).filename().string();
+    r.step = e.step;
     r.state = "partial";
-    r.reason = "a write in progress or abandoned; never loaded, removed by the next writer";
-    r.bytes = disk_bytes(it->path());
+    r.reason = e.reason;
+    r.bytes = disk_bytes(e.path);
     ++partial;
     rows.push_back(std::move(r));
   }
@@ -243,7 +224,7 @@ int cmd_list(const std::vector<std::string>& argv) {
   }
   std::printf("%s: %d committed (%d valid), %d partial\n", dir.c_str(), committed, valid, partial);
   if (rows.empty()) {
-    if (fs::exists(fs::path(dir) / "manifest.h5"))
+    if (fs::exists(fs::path(dir) / ck::kManifestFile))
       std::printf("(%s is itself a checkpoint: see sinew-ckpt inspect or verify)\n", dir.c_str());
     return 0;
   }

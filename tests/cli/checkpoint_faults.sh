@@ -30,10 +30,10 @@ for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manif
   phase=${spec#*:}
   d="$work/$phase"
   out=$(timeout 120 "${mpiexec[@]}" -n 3 "$train" "${common[@]}" --epochs 1 --model mlp:32 --max-steps 20 --checkpoint-dir "$d" \
-        --inject-checkpoint-fault "$rank:$phase:10" --log-level warn 2>&1)
+        --inject-fault "$rank:$phase:10" --log-level warn 2>&1)
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$phase: job should fail when rank $rank dies (exit $rc)" "$out"; continue; fi
-  if ! grep -q "killed at checkpoint phase $phase" <<<"$out"; then bad "$phase: the fault did not fire" "$out"; continue; fi
+  if ! grep -q "injected fault: killing launch rank $rank at phase $phase of step 10" <<<"$out"; then bad "$phase: the fault did not fire" "$out"; continue; fi
   v=$("$ckpt" verify "$d/ckpt-0000000005" 2>&1) || { bad "$phase: previous checkpoint no longer valid" "$v"; continue; }
   if [ -e "$d/ckpt-0000000010/manifest.h5" ]; then bad "$phase: interrupted checkpoint looks committed"; continue; fi
   listed=$("$ckpt" list "$d" 2>&1)

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <string>
 
-#include "sinew/checkpoint/checkpoint.hpp"
+#include "sinew/checkpoint/reader.hpp"
 #include "sinew/core/error.hpp"
 
 namespace {

@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "shared_temp_dir.hpp"
-#include "sinew/checkpoint/checkpoint.hpp"
+#include "sinew/checkpoint/catalog.hpp"
+#include "sinew/checkpoint/reader.hpp"
+#include "sinew/checkpoint/writer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/mpi/communicator.hpp"

@@ -6,7 +6,8 @@
 #include <filesystem>
 
 #include "shared_temp_dir.hpp"
-#include "sinew/checkpoint/checkpoint.hpp"
+#include "sinew/checkpoint/catalog.hpp"
+#include "sinew/checkpoint/reader.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/model/model.hpp"
 #include "sinew/train/trainer.hpp"

@@ -1,18 +1,15 @@
-// HDF5 checkpoints: sharded parallel write, atomic commit, verified load at any world size.
-//
-// Layout of a checkpoint directory (docs/checkpoint-format.md has the full schema):
-//
-//   DIR/ckpt-0000000120/                      one committed checkpoint (step 120)
-//       shard-00000-of-00004.h5 ...           rank r's contiguous slice of every tensor, with its CRC32
-//       manifest.h5                           metadata, per-shard offsets and checksums, and HDF5 virtual
-//                                             datasets that show each tensor whole (h5py, h5dump)
-//   DIR/ckpt-0000000140.partial/              a write in progress or abandoned: never loaded
+// Writing HDF5 checkpoints: sharded parallel write, atomic commit, optionally in the background.
 //
 // Every rank writes its own shard file with plain serial HDF5, concurrently, then fsyncs it. A rank dying
 // mid-write cannot hang the others inside an MPI-IO collective (which ULFM does not cover): the only
 // collectives are the backend's small ones (agreeing on success, gathering checksums), which have
 // deadlines. Rank 0 then writes the manifest into the .partial directory, fsyncs it, and renames the
-// directory to its final name: the checkpoint exists exactly when that rename is done.
+// directory to its final name: the checkpoint exists exactly when that rename is done. The names of the
+// directories and files are catalog.hpp's (docs/checkpoint-format.md has the full schema).
+//
+// Fault injection (core/fault.hpp): with WriterOptions::faults, a save calls the plan at the points
+// before-shard-data, after-shard-data and before-fsync on every rank, and before-manifest and
+// before-rename on the committing rank (rank 0 of the backend), each with the step of the checkpoint.
 #pragma once
 
 #include <atomic>
@@ -26,27 +23,14 @@
 
 #include "sinew/checkpoint/state.hpp"
 #include "sinew/comm/backend.hpp"
+#include "sinew/core/fault.hpp"
 
 namespace sinew::checkpoint {
 
-/// Named points inside save() where tests inject a failure (docs/fault-tolerance.md).
-enum class WritePhase {
-  kNone,
-  kBeforeShardData,
-  kAfterShardData,
-  kBeforeFsync,
-  kBeforeManifest,
-  kBeforeRename
-};
-const char* phase_name(WritePhase p) noexcept;
-/// Parses "before-shard-data", "after-shard-data", "before-fsync", "before-manifest", "before-rename".
-WritePhase parse_phase(const std::string& name);
-
 struct WriterOptions {
-  int keep = 3;                             ///< newest committed checkpoints to keep (0: all)
-  comm::Options op;                         ///< deadline of the writer's collectives
-  WritePhase crash_at = WritePhase::kNone;  ///< fault injection: this rank raises SIGKILL there
-  int crash_rank = -1;                      ///< ... if it is this rank
+  int keep = 3;                         ///< newest committed checkpoints to keep (0: all)
+  comm::Options op;                     ///< deadline of the writer's collectives
+  const fault::Plan* faults = nullptr;  ///< fault injection points of this process (not owned)
 };
 
 struct SaveResult {
@@ -93,12 +77,6 @@ class Writer {
   std::optional<SaveResult> finish_async();
   [[nodiscard]] bool async_in_flight() const noexcept { return async_ != nullptr; }
 
-  /// Fault injection for tests: the next save() kills `rank` (SIGKILL) at `phase`.
-  void arm_fault(WritePhase phase, int rank) noexcept {
-    opts_.crash_at = phase;
-    opts_.crash_rank = rank;
-  }
-
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
@@ -110,7 +88,7 @@ class Writer {
     std::vector<std::uint32_t> crcs;
     std::string why;
   };
-  struct Gathered;  // every rank's outcome and checksums, agreed on (checkpoint.cpp)
+  struct Gathered;  // every rank's outcome and checksums, agreed on (writer.cpp)
   struct Async {
     TrainingState state;
     Local local;
@@ -134,52 +112,5 @@ class Writer {
   WriterOptions opts_;
   std::unique_ptr<Async> async_;
 };
-
-/// What a manifest says, without reading tensor data.
-struct ManifestInfo {
-  int schema_version = 0;
-  TrainingState meta;  ///< every field but tensors
-  struct Tensor {
-    std::string name;
-    std::uint64_t size = 0;
-    std::vector<std::uint64_t> shard_offsets;  ///< world_size + 1 entries
-    std::vector<std::uint32_t> shard_crc32;    ///< world_size entries
-  };
-  std::vector<Tensor> tensors;
-  std::vector<std::uint64_t> shard_file_sizes;  ///< world_size entries: bytes of each shard file
-  std::vector<std::uint32_t> shard_file_crc32;  ///< world_size entries: CRC32 of each whole shard file
-};
-
-/// Reads and checks a checkpoint's manifest (directory or manifest.h5 path). Throws CheckpointError
-/// naming the file for a missing/corrupt manifest, an unknown schema version, or a manifest whose step
-/// differs from the directory name.
-ManifestInfo read_manifest(const std::string& path);
-
-/// Loads a committed checkpoint completely, verifying every shard's size and CRC32 against the manifest.
-/// Works at any world size: the result holds whole tensors. Throws CheckpointError naming the bad file.
-TrainingState load(const std::string& path);
-
-/// Checks a checkpoint as load() does, without keeping the data; empty string if valid, else the reason.
-std::string verify(const std::string& path);
-
-struct Entry {
-  std::string path;
-  std::int64_t step = -1;
-  bool valid = false;
-  std::string reason;  ///< why it is not valid
-};
-
-/// Committed checkpoints under `dir`, newest first; with `check`, each one verified (reads all data).
-std::vector<Entry> scan(const std::string& dir, bool check);
-
-/// The newest checkpoint that verifies, and the newer ones skipped with their reasons.
-struct Latest {
-  std::optional<Entry> found;
-  std::vector<Entry> skipped;
-};
-Latest find_latest(const std::string& dir);
-
-/// Writes `state` into one plain HDF5 file (no shards, no virtual datasets): for h5py users.
-void export_plain(const TrainingState& state, const std::string& file);
 
 }  // namespace sinew::checkpoint

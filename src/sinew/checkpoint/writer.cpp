@@ -1,16 +1,13 @@
-#include "sinew/checkpoint/checkpoint.hpp"
-
-#include <fcntl.h>
-#include <unistd.h>
+#include "sinew/checkpoint/writer.hpp"
 
 #include <algorithm>
-#include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
 
+#include "sinew/checkpoint/catalog.hpp"
 #include "sinew/checkpoint/hdf5.hpp"
+#include "sinew/checkpoint/reader.hpp"
+#include "sinew/checkpoint/schema.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 
@@ -20,28 +17,9 @@ namespace sinew::checkpoint {
 
 namespace {
 
-constexpr const char* kManifest = "manifest.h5";
-constexpr const char* kSidecarSuffix = ".crc32";  // manifest.h5.crc32: "<crc32 hex> <size>\n"
-
-/// Reads and strictly parses the manifest's sidecar.
-h5::Digest read_sidecar(const std::string& manifest) {
-  const std::string side = manifest + kSidecarSuffix;
-  std::ifstream in(side);
-  if (!in) SINEW_THROW(CheckpointError, "{}: missing (not a committed checkpoint)", side);
-  std::string text(64, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  static const std::regex kLine(R"(([0-9a-f]{8}) ([0-9]{1,15})\n?)");
-  std::smatch m;
-  if (!std::regex_match(text, m, kLine)) {
-    SINEW_THROW(CheckpointError, "{}: corrupt (expected '<crc32> <size>')", side);
-  }
-  return {std::stoull(m[2].str()), static_cast<std::uint32_t>(std::stoul(m[1].str(), nullptr, 16))};
-}
-
-std::string ckpt_name(std::int64_t step) { return fmt::format("ckpt-{:010d}", step); }
-
-std::string shard_name(int rank, int world) { return fmt::format("shard-{:05d}-of-{:05d}.h5", rank, world); }
+using schema::crc32_of;
+using schema::tensor_names;
+using schema::write_meta;
 
 /// Element offsets of a tensor of `n` elements split over `world` ranks in contiguous, balanced slices.
 std::vector<std::uint64_t> shard_offsets(std::uint64_t n, int world) {
@@ -51,57 +29,9 @@ std::vector<std::uint64_t> shard_offsets(std::uint64_t n, int world) {
   return off;
 }
 
-std::uint32_t crc32_of(const float* data, std::size_t n) { return h5::crc32_bytes(data, n * sizeof(float)); }
-
-void crash_point(const WriterOptions& o, WritePhase here, int rank) {
-  if (o.crash_at == here && o.crash_rank == rank) {
-    std::fprintf(stderr, "sinew: fault injection: rank %d killed at checkpoint phase %s\n", rank,
-                 phase_name(here));
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : "\n") + x;
-  return s;
-}
-
-std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(line);
-  }
-  return out;
-}
-
-void write_meta(hid_t f, const TrainingState& st, const std::vector<std::string>& names,
-                const std::string& file) {
-  h5::write_attr(f, "schema_version", static_cast<std::int64_t>(kSchemaVersion), file);
-  h5::write_attr(f, "step", st.step, file);
-  h5::write_attr(f, "epoch", st.epoch, file);
-  h5::write_attr(f, "cursor", static_cast<std::uint64_t>(st.cursor), file);
-  h5::write_attr(f, "dataset_size", static_cast<std::uint64_t>(st.dataset_size), file);
-  h5::write_attr(f, "seed", static_cast<std::uint64_t>(st.seed), file);
-  h5::write_attr(f, "optimizer_steps", st.optimizer_steps, file);
-  h5::write_attr(f, "world_size", static_cast<std::int64_t>(st.world_size), file);
-  h5::write_attr(f, "config_json", st.config_json, file);
-  h5::write_attr(f, "tensor_names", join(names), file);
-}
-
-TrainingState read_meta(hid_t f, const std::string& file) {
-  TrainingState st;
-  st.step = h5::read_attr_i64(f, "step", file);
-  st.epoch = h5::read_attr_i64(f, "epoch", file);
-  st.cursor = h5::read_attr_u64(f, "cursor", file);
-  st.dataset_size = h5::read_attr_u64(f, "dataset_size", file);
-  st.seed = h5::read_attr_u64(f, "seed", file);
-  st.optimizer_steps = h5::read_attr_i64(f, "optimizer_steps", file);
-  st.world_size = static_cast<std::int32_t>(h5::read_attr_i64(f, "world_size", file));
-  st.config_json = h5::read_attr_string(f, "config_json", file);
-  return st;
+/// A fault injection point of the plan, if any (core/fault.hpp).
+void fault_point(const WriterOptions& o, fault::Point point, std::int64_t step) {
+  if (o.faults != nullptr) o.faults->at(point, step);
 }
 
 /// The manifest, as a virtual dataset per tensor over the shard files (so h5py sees whole tensors).
@@ -151,7 +81,7 @@ void write_manifest(const std::string& path, const TrainingState& st, const std:
   }
   const h5::Digest d = h5::write_image(f.get(), path, /*sync=*/true);
   // The manifest's own size and CRC32, in a one-line text file beside it: checked before HDF5 parses it.
-  const std::string side = path + kSidecarSuffix;
+  const std::string side = (fs::path(path).parent_path() / kManifestChecksumFile).string();
   {
     std::ofstream out(side, std::ios::trunc);
     out << fmt::format("{:08x} {}\n", d.crc32, d.size);
@@ -165,7 +95,7 @@ void write_manifest(const std::string& path, const TrainingState& st, const std:
 std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingState& st,
                                        const std::vector<std::string>& names, int rank,
                                        const WriterOptions& o, std::uint64_t& bytes, h5::Digest& digest) {
-  crash_point(o, WritePhase::kBeforeShardData, rank);
+  fault_point(o, fault::Point::kBeforeShardData, st.step);
   std::vector<std::uint32_t> crcs;
   {
     h5::Handle f = h5::create_memory_file(path);
@@ -181,54 +111,14 @@ std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingSt
       bytes += count * sizeof(float);
     }
     digest = h5::write_image(f.get(), path, /*sync=*/false);
-    crash_point(o, WritePhase::kAfterShardData, rank);
+    fault_point(o, fault::Point::kAfterShardData, st.step);
   }
-  crash_point(o, WritePhase::kBeforeFsync, rank);
+  fault_point(o, fault::Point::kBeforeFsync, st.step);
   h5::fsync_path(path, false);
   return crcs;
 }
 
-std::vector<std::string> tensor_names(const TrainingState& st) {
-  std::vector<std::string> names;
-  for (const auto& [name, _] : st.tensors) {
-    if (name.empty() || name.find('\n') != std::string::npos || name.front() == '/' || name.back() == '/') {
-      SINEW_THROW(InvalidArgument, "checkpoint: invalid tensor name '{}'", name);
-    }
-    names.push_back(name);
-  }
-  return names;
-}
-
 }  // namespace
-
-const char* phase_name(WritePhase p) noexcept {
-  switch (p) {
-    case WritePhase::kNone:
-      return "none";
-    case WritePhase::kBeforeShardData:
-      return "before-shard-data";
-    case WritePhase::kAfterShardData:
-      return "after-shard-data";
-    case WritePhase::kBeforeFsync:
-      return "before-fsync";
-    case WritePhase::kBeforeManifest:
-      return "before-manifest";
-    case WritePhase::kBeforeRename:
-      return "before-rename";
-  }
-  return "?";
-}
-
-WritePhase parse_phase(const std::string& name) {
-  for (auto p : {WritePhase::kBeforeShardData, WritePhase::kAfterShardData, WritePhase::kBeforeFsync,
-                 WritePhase::kBeforeManifest, WritePhase::kBeforeRename}) {
-    if (name == phase_name(p)) return p;
-  }
-  SINEW_THROW(InvalidArgument,
-              "unknown checkpoint phase '{}'; use before-shard-data, after-shard-data, before-fsync, "
-              "before-manifest or before-rename",
-              name);
-}
 
 struct Writer::Gathered {
   SaveResult res;
@@ -245,7 +135,7 @@ Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
       fs::create_directories(dir_);
       for (const auto& e : fs::directory_iterator(dir_)) {
         const std::string n = e.path().filename().string();
-        if (e.is_directory() && n.starts_with("ckpt-") && n.ends_with(".partial")) fs::remove_all(e.path());
+        if (e.is_directory() && step_of(n, /*partial=*/true)) fs::remove_all(e.path());
       }
     } catch (const fs::filesystem_error& e) {
       ok = 0;
@@ -262,8 +152,8 @@ Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
 bool Writer::prepare(const TrainingState& state) {
   SINEW_ENFORCE_EQ(state.world_size, backend_.size(),
                    "TrainingState.world_size must be the writing group's size");
-  const std::string final_dir = (fs::path(dir_) / ckpt_name(state.step)).string();
-  const std::string partial = final_dir + ".partial";
+  const std::string final_dir = checkpoint_path(dir_, state.step);
+  const std::string partial = partial_path(dir_, state.step);
   // Rank 0 prepares the .partial directory; everyone learns the outcome.
   std::int64_t prep = 0;  // 0 go, 1 already committed, 2 error
   std::string why;
@@ -290,7 +180,7 @@ bool Writer::prepare(const TrainingState& state) {
 
 Writer::Local Writer::write_local(const TrainingState& state) const {
   const int rank = backend_.rank();
-  const std::string partial = (fs::path(dir_) / ckpt_name(state.step)).string() + ".partial";
+  const std::string partial = partial_path(dir_, state.step);
   Local out;
   try {
     h5::Digest digest;
@@ -312,7 +202,7 @@ Writer::Gathered Writer::gather(const TrainingState& state, const Local& local, 
   const auto names = tensor_names(state);
   Gathered g;
   g.res.step = state.step;
-  g.res.path = (fs::path(dir_) / ckpt_name(state.step)).string();
+  g.res.path = checkpoint_path(dir_, state.step);
   g.res.write_ms = write_ms;
   // Failures are agreed on, never left one-sided: every rank learns every rank's outcome and checksums.
   constexpr std::size_t kHead = 4;  // ok, bytes, shard file size, shard file crc; then a crc per tensor
@@ -340,7 +230,7 @@ Writer::Gathered Writer::gather(const TrainingState& state, const Local& local, 
   if (failed > 0) {
     if (backend_.rank() == 0) {
       std::error_code ec;
-      fs::remove_all(g.res.path + ".partial", ec);
+      fs::remove_all(partial_path(dir_, state.step), ec);
     }
     SINEW_THROW(CheckpointError,
                 "checkpoint of step {} not written: {} of {} ranks failed to write their shard{}", state.step,
@@ -350,13 +240,13 @@ Writer::Gathered Writer::gather(const TrainingState& state, const Local& local, 
 }
 
 std::string Writer::commit_local(const TrainingState& state, const Gathered& g) const {
-  const std::string partial = g.res.path + ".partial";
+  const std::string partial = partial_path(dir_, state.step);
   std::string why;
   try {
-    crash_point(opts_, WritePhase::kBeforeManifest, 0);
-    write_manifest((fs::path(partial) / kManifest).string(), state, tensor_names(state), g.crcs, g.files);
+    fault_point(opts_, fault::Point::kBeforeManifest, state.step);
+    write_manifest((fs::path(partial) / kManifestFile).string(), state, tensor_names(state), g.crcs, g.files);
     h5::fsync_path(partial, true);
-    crash_point(opts_, WritePhase::kBeforeRename, 0);
+    fault_point(opts_, fault::Point::kBeforeRename, state.step);
     fs::rename(partial, g.res.path);
     h5::fsync_path(dir_, true);
   } catch (const Error& e) {
@@ -396,7 +286,7 @@ SaveResult Writer::save(const TrainingState& state) {
   if (!prepare(state)) {
     SaveResult res;
     res.step = state.step;
-    res.path = (fs::path(dir_) / ckpt_name(state.step)).string();
+    res.path = checkpoint_path(dir_, state.step);
     res.skipped = true;
     return res;
   }
@@ -465,147 +355,6 @@ Writer::~Writer() {
   // and is never loaded (the next Writer on this directory removes it). A commit in flight on rank 0
   // completes: every shard of it is already durable.
   if (async_ && async_->thread.joinable()) async_->thread.join();
-}
-
-ManifestInfo read_manifest(const std::string& path) {
-  if (!fs::exists(path)) SINEW_THROW(CheckpointError, "{}: no such checkpoint", path);
-  fs::path dir = path;
-  if (!fs::is_directory(dir)) dir = dir.parent_path();
-  const std::string file = (dir / kManifest).string();
-  if (!fs::exists(file))
-    SINEW_THROW(CheckpointError, "{}: manifest is missing (not a committed checkpoint)", file);
-  h5::Handle f = h5::open_verified(file, read_sidecar(file));
-  ManifestInfo info;
-  info.schema_version = static_cast<int>(h5::read_attr_i64(f.get(), "schema_version", file));
-  if (info.schema_version != kSchemaVersion) {
-    SINEW_THROW(CheckpointError, "{}: schema version {} is not supported (this Sinew reads version {})", file,
-                info.schema_version, kSchemaVersion);
-  }
-  info.meta = read_meta(f.get(), file);
-  info.shard_file_sizes = h5::read_attr_u64s(f.get(), "shard_file_sizes", file);
-  info.shard_file_crc32 = h5::read_attr_u32s(f.get(), "shard_file_crc32", file);
-  static const std::regex kName(R"(ckpt-(\d{10}))");
-  std::smatch m;
-  const std::string dname = dir.filename().string();
-  if (std::regex_match(dname, m, kName) && std::stoll(m[1].str()) != info.meta.step) {
-    SINEW_THROW(CheckpointError, "{}: manifest is for step {} but the directory says step {}", file,
-                info.meta.step, std::stoll(m[1].str()));
-  }
-  if (info.meta.world_size < 1 || info.meta.world_size > (1 << 20)) {
-    SINEW_THROW(CheckpointError, "{}: implausible world size {}", file, info.meta.world_size);
-  }
-  if (info.shard_file_sizes.size() != static_cast<std::size_t>(info.meta.world_size) ||
-      info.shard_file_crc32.size() != static_cast<std::size_t>(info.meta.world_size)) {
-    SINEW_THROW(CheckpointError, "{}: shard file sizes/checksums do not match the world size", file);
-  }
-  for (const auto& name : split_lines(h5::read_attr_string(f.get(), "tensor_names", file))) {
-    const std::string ds_name = "tensors/" + name;
-    if (H5Lexists(f.get(), "tensors", H5P_DEFAULT) <= 0 ||
-        H5Lexists(f.get(), ds_name.c_str(), H5P_DEFAULT) <= 0) {
-      SINEW_THROW(CheckpointError, "{}: tensor '{}' is listed but missing", file, name);
-    }
-    h5::Handle ds(H5Dopen2(f.get(), ds_name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (ds.get() < 0) SINEW_THROW(CheckpointError, "{}: cannot open tensor '{}'", file, name);
-    ManifestInfo::Tensor t;
-    t.name = name;
-    t.size = h5::read_attr_u64(ds.get(), "size", file);
-    t.shard_offsets = h5::read_attr_u64s(ds.get(), "shard_offsets", file);
-    t.shard_crc32 = h5::read_attr_u32s(ds.get(), "shard_crc32", file);
-    const auto w = static_cast<std::size_t>(info.meta.world_size);
-    if (t.shard_offsets.size() != w + 1 || t.shard_crc32.size() != w || t.shard_offsets.front() != 0 ||
-        t.shard_offsets.back() != t.size || !std::is_sorted(t.shard_offsets.begin(), t.shard_offsets.end())) {
-      SINEW_THROW(CheckpointError, "{}: tensor '{}' has inconsistent shard offsets or checksums", file, name);
-    }
-    info.tensors.push_back(std::move(t));
-  }
-  return info;
-}
-
-TrainingState load(const std::string& path) {
-  const ManifestInfo info = read_manifest(path);
-  fs::path dir = path;
-  if (!fs::is_directory(dir)) dir = dir.parent_path();
-  TrainingState st = info.meta;
-  for (const auto& t : info.tensors) st.tensors[t.name].assign(t.size, 0.f);
-  const int world = info.meta.world_size;
-  for (int r = 0; r < world; ++r) {
-    const std::string file = (dir / shard_name(r, world)).string();
-    if (!fs::exists(file)) SINEW_THROW(CheckpointError, "{}: shard file is missing", file);
-    const auto ri = static_cast<std::size_t>(r);
-    h5::Handle f = h5::open_verified(file, {info.shard_file_sizes[ri], info.shard_file_crc32[ri]});
-    if (h5::read_attr_i64(f.get(), "rank", file) != r ||
-        h5::read_attr_i64(f.get(), "step", file) != info.meta.step ||
-        h5::read_attr_i64(f.get(), "world_size", file) != world) {
-      SINEW_THROW(CheckpointError,
-                  "{}: shard belongs to another checkpoint (rank, step or world size differ)", file);
-    }
-    for (const auto& t : info.tensors) {
-      const std::size_t begin = t.shard_offsets[ri], count = t.shard_offsets[ri + 1] - begin;
-      float* out = st.tensors[t.name].data() + begin;
-      h5::read_floats(f.get(), "tensors/" + t.name, out, count, file);
-      const std::uint32_t crc = crc32_of(out, count);
-      if (crc != t.shard_crc32[ri]) {
-        SINEW_THROW(
-            CheckpointError,
-            "{}: tensor '{}' fails its CRC32 check (manifest 0x{:08x}, data 0x{:08x}): the shard is corrupt",
-            file, t.name, t.shard_crc32[ri], crc);
-      }
-    }
-  }
-  return st;
-}
-
-std::string verify(const std::string& path) {
-  try {
-    load(path);
-    return {};
-  } catch (const CheckpointError& e) {
-    return e.message();
-  } catch (const std::exception& e) {  // filesystem errors, allocation failures: still "not valid"
-    return fmt::format("{}: {}", path, e.what());
-  }
-}
-
-std::vector<Entry> scan(const std::string& dir, bool check) {
-  std::vector<Entry> out;
-  static const std::regex kName(R"(ckpt-(\d{10}))");
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string n = e.path().filename().string();
-    if (!e.is_directory() || !std::regex_match(n, m, kName)) continue;
-    Entry entry;
-    entry.path = e.path().string();
-    entry.step = std::stoll(m[1].str());
-    entry.reason = check ? verify(entry.path) : std::string();
-    entry.valid = entry.reason.empty();
-    out.push_back(std::move(entry));
-  }
-  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
-  return out;
-}
-
-Latest find_latest(const std::string& dir) {
-  Latest l;
-  for (auto& e : scan(dir, /*check=*/true)) {
-    if (e.valid) {
-      l.found = std::move(e);
-      break;
-    }
-    l.skipped.push_back(std::move(e));
-  }
-  return l;
-}
-
-void export_plain(const TrainingState& state, const std::string& file) {
-  const auto names = tensor_names(state);
-  h5::Handle f = h5::create_memory_file(file);
-  write_meta(f.get(), state, names, file);
-  for (const auto& name : names) {
-    const auto& v = state.tensors.at(name);
-    h5::write_floats(f.get(), "tensors/" + name, v.data(), v.size(), file);
-  }
-  h5::write_image(f.get(), file, /*sync=*/true);
 }
 
 }  // namespace sinew::checkpoint
