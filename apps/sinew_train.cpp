@@ -27,31 +27,26 @@ int main(int argc, char** argv) {
     sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
       spdlog::info("{} ({} ranks; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),
-                   sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled", cfg.elastic);
+                   sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled",
+                   sinew::name_of(sinew::train::kElasticNames, cfg.elastic));
     }
     if (group.role() == sinew::membership::Role::kRecovered) {
       spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());
     }
     sinew::train::Trainer trainer(cfg, std::move(group));
     const auto s = trainer.run();
-    if (s.left) return 0;  // left the group on request: not a failure
-    if (s.below_min_ranks) return static_cast<int>(sinew::ExitCode::kRelaunch);
-    if (trainer.rank() == 0) {
-      spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s", s.steps,
-                   s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
-    }
-    if (s.stopped_by_signal != 0) {
-      if (trainer.rank() == 0) {
+    if (!s.left && trainer.rank() == 0) {
+      if (!s.below_min_ranks) {
+        spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s", s.steps,
+                     s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
+      }
+      if (s.stopped_by_signal != 0) {
         spdlog::warn("stopped by signal {} after a checkpoint; relaunch with --resume auto to continue",
                      s.stopped_by_signal);
-      }
-      return static_cast<int>(sinew::ExitCode::kRelaunch);
-    }
-    if (!s.checkpoint_error.empty()) {
-      if (trainer.rank() == 0)
+      } else if (!s.checkpoint_error.empty()) {
         spdlog::error("training finished but a checkpoint failed: {}", s.checkpoint_error);
-      return static_cast<int>(sinew::ExitCode::kCheckpoint);
+      }
     }
-    return 0;
+    return s.exit_code();
   });
 }

@@ -74,10 +74,17 @@ TEST(AlgorithmOptions, BadValuesAreNamed) {
   };
   bad([](train::Config& c) { c.algorithm = "qadam"; }, "--optimizer adam");
   bad([](train::Config& c) { c.algorithm = "gossip"; }, "--algorithm");
-  bad([](train::Config& c) { c.allreduce = "tree"; }, "--allreduce");
   bad([](train::Config& c) { c.peer_selection = "two"; }, "--peer-selection");
   bad([](train::Config& c) { c.compress_chunk = 0; }, "--compress-chunk");
   bad([](train::Config& c) { c.comm_interval = 0; }, "--comm-interval");
   bad([](train::Config& c) { c.sync_interval_ms = 0; }, "--sync-interval-ms");
   bad([](train::Config& c) { c.qadam_warmup_steps = 0; }, "--qadam-warmup-steps");
+  // --allreduce is typed: a bad name is refused while parsing, naming the option.
+  const char* argv[] = {"sinew-train", "--allreduce", "tree"};
+  try {
+    (void)train::parse_command_line(3, argv);
+    ADD_FAILURE() << "accepted: --allreduce tree";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("--allreduce"), std::string::npos) << e.message();
+  }
 }

@@ -2,22 +2,55 @@
 // with a message naming the option (bad_input.sh checks the exit code of sinew-train).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "sinew/core/error.hpp"
+#include "sinew/core/fault.hpp"
 #include "sinew/train/config.hpp"
 
 namespace sinew::train {
 namespace {
 
 TEST(Options, ParseFault) {
-  const auto f = parse_fault("2:allreduce:30");
+  const auto f = fault::parse_fault("2:allreduce:30");
   EXPECT_EQ(f.rank, 2);
-  EXPECT_EQ(f.phase, FaultPhase::kAllreduce);
+  EXPECT_EQ(f.point, fault::Point::kAllreduce);
   EXPECT_EQ(f.step, 30);
-  EXPECT_EQ(parse_fault("0:checkpoint-write:1").phase, FaultPhase::kCheckpointWrite);
+  EXPECT_EQ(fault::parse_fault("0:checkpoint-write:1").point, fault::Point::kCheckpointWrite);
+  EXPECT_EQ(fault::parse_fault("1:before-rename:10").point, fault::Point::kBeforeRename);
   for (const char* bad : {"", "2", "2:allreduce", "x:forward:3", "1:fly:3", "1:forward:0", "-1:forward:3",
-                          "1:forward:3x", "1 :forward:3"}) {
-    EXPECT_THROW((void)parse_fault(bad), InvalidArgument) << bad;
+                          "1:forward:3x", "1 :forward:3", "1:before-rename:"}) {
+    EXPECT_THROW((void)fault::parse_fault(bad), InvalidArgument) << bad;
   }
+  try {
+    (void)fault::parse_fault("1:fly:3");
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--inject-fault"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("before-manifest"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Options, FaultsParsedOnceWithTheOptions) {
+  const char* argv[] = {"sinew-train", "--inject-fault", "2:forward:5", "--inject-fault",
+                        "0:before-fsync:10"};
+  const auto r = parse_command_line(5, argv);
+  ASSERT_TRUE(r.config);
+  ASSERT_EQ(r.config->inject_fault.size(), 2u);
+  EXPECT_EQ(r.config->inject_fault[1].point, fault::Point::kBeforeFsync);
+  const char* bad[] = {"sinew-train", "--inject-fault", "2:fly:5"};
+  EXPECT_THROW((void)parse_command_line(3, bad), InvalidArgument);
+}
+
+TEST(Options, PlanKeepsThisProcessFaultsOnly) {
+  // A plan holds only its launch rank's faults, and none at all in a relaunch: at() must not kill here.
+  const std::vector<fault::Fault> faults = {{1, fault::Point::kForward, 3}};
+  EXPECT_TRUE(fault::Plan(faults, 0, 0).empty());
+  EXPECT_TRUE(fault::Plan(faults, 1, 1).empty());
+  EXPECT_TRUE(fault::Plan(faults, -1, 0).empty());
+  EXPECT_FALSE(fault::Plan(faults, 1, 0).empty());
+  fault::Plan(faults, 1, 0).at(fault::Point::kBackward, 3);  // another point: survives
+  fault::Plan(faults, 1, 0).at(fault::Point::kForward, 4);   // another step: survives
 }
 
 TEST(Options, ParseResizeSchedule) {
@@ -32,16 +65,31 @@ TEST(Options, ParseResizeSchedule) {
 
 TEST(Options, ElasticDefaultsValidate) {
   Config c;
-  EXPECT_EQ(c.elastic, "inplace");
+  EXPECT_EQ(c.elastic, ElasticMode::kInplace);
   EXPECT_NO_THROW(validate(c));
   c.min_ranks = 0;
   EXPECT_THROW(validate(c), InvalidArgument);
   c.min_ranks = 3;
   c.max_ranks = 2;
   EXPECT_THROW(validate(c), InvalidArgument);
-  c.max_ranks = 4;
-  c.lr_scaling = "cubic";
-  EXPECT_THROW(validate(c), InvalidArgument);
+}
+
+TEST(Options, ChoicesAreTyped) {
+  const char* argv[] = {"sinew-train", "--elastic", "restart", "--lr-scaling", "sqrt"};
+  const auto r = parse_command_line(5, argv);
+  ASSERT_TRUE(r.config);
+  EXPECT_EQ(r.config->elastic, ElasticMode::kRestart);
+  EXPECT_EQ(r.config->lr_scaling, LrScaling::kSqrt);
+  const char* bad[] = {"sinew-train", "--lr-scaling", "cubic"};
+  try {
+    (void)parse_command_line(3, bad);
+    ADD_FAILURE() << "--lr-scaling cubic was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("--lr-scaling: unknown value 'cubic'; use one of none, linear, sqrt"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

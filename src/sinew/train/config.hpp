@@ -10,7 +10,25 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "sinew/algo/algorithm.hpp"
+#include "sinew/core/fault.hpp"
+#include "sinew/core/names.hpp"
+
 namespace sinew::train {
+
+/// --elastic: what a failure of a member does to the run (docs/fault-tolerance.md).
+enum class ElasticMode : std::uint8_t {
+  kOff,      ///< the run fails (exit code 5)
+  kInplace,  ///< survivors recover in place with ULFM (restart semantics without it)
+  kRestart,  ///< exit 75 for mpi_scripts/sinew-supervise to relaunch from the latest checkpoint
+};
+inline constexpr NameTable<ElasticMode, 3> kElasticNames{
+    {{ElasticMode::kOff, "off"}, {ElasticMode::kInplace, "inplace"}, {ElasticMode::kRestart, "restart"}}};
+
+/// --lr-scaling: how the learning rate follows the global batch on a resize.
+enum class LrScaling : std::uint8_t { kNone, kLinear, kSqrt };
+inline constexpr NameTable<LrScaling, 3> kLrScalingNames{
+    {{LrScaling::kNone, "none"}, {LrScaling::kLinear, "linear"}, {LrScaling::kSqrt, "sqrt"}}};
 
 struct Config {
   // model and data
@@ -35,13 +53,13 @@ struct Config {
   float lr_gamma = 0.1f;
   // communication
   std::string algorithm = "gradient_allreduce";  ///< docs/algorithms.md (algo::algorithm_names())
-  std::string allreduce = "mpi";                 ///< gradient_allreduce: mpi | ring
-  std::size_t compress_chunk = 2048;             ///< elements per 8-bit quantisation chunk
-  bool error_feedback = false;                   ///< bytegrad: carry the quantisation residual
-  std::int64_t qadam_warmup_steps = 100;         ///< qadam: exact Adam steps before freezing the variance
-  std::string peer_selection = "all";            ///< decentralized: all | shift_one
-  int comm_interval = 1;                         ///< decentralized algorithms: average every N steps
-  int sync_interval_ms = 50;                     ///< async: background averaging period
+  algo::AllreduceImpl allreduce = algo::AllreduceImpl::kMpi;  ///< gradient_allreduce: mpi | ring
+  std::size_t compress_chunk = 2048;                          ///< elements per 8-bit quantisation chunk
+  bool error_feedback = false;                                ///< bytegrad: carry the quantisation residual
+  std::int64_t qadam_warmup_steps = 100;  ///< qadam: exact Adam steps before freezing the variance
+  std::string peer_selection = "all";     ///< decentralized: all | shift_one
+  int comm_interval = 1;                  ///< decentralized algorithms: average every N steps
+  int sync_interval_ms = 50;              ///< async: background averaging period
   double bucket_mb = 4.0;
   bool overlap = true;
   int timeout_ms = 300000;  ///< deadline of every collective
@@ -51,19 +69,17 @@ struct Config {
   int checkpoint_keep = 3;
   bool checkpoint_async = false;  ///< write periodic checkpoints on a background thread
   std::string resume = "auto";    ///< auto | never | PATH
-  /// Test seam: "RANK:PHASE:STEP" kills RANK at PHASE (checkpoint::parse_phase) of the checkpoint of STEP.
-  std::string inject_checkpoint_fault;
   // elasticity (docs/fault-tolerance.md)
-  std::string elastic = "inplace";  ///< off | inplace | restart
-  int min_ranks = 1;                ///< below this many ranks: checkpoint and stop (exit code 75)
-  int max_ranks = 0;                ///< size to grow back to by spawning (0: the launch size)
-  bool grow = true;                 ///< spawn replacements after a failure, up to max_ranks
-  std::string lr_scaling = "none";  ///< none | linear | sqrt: lr follows the global batch on every resize
+  ElasticMode elastic = ElasticMode::kInplace;
+  int min_ranks = 1;                        ///< below this many ranks: checkpoint and stop (exit code 75)
+  int max_ranks = 0;                        ///< size to grow back to by spawning (0: the launch size)
+  bool grow = true;                         ///< spawn replacements after a failure, up to max_ranks
+  LrScaling lr_scaling = LrScaling::kNone;  ///< lr follows the global batch on every resize
   std::int64_t rescale_ramp_steps = 20;  ///< after growth the lr ramps to its new value over this many steps
   std::size_t global_batch = 0;  ///< keep this global batch on every size by gradient accumulation (0: off)
   std::string resize_schedule;   ///< job-server schedule "STEP:SIZE,...": leave to shrink, spawn to grow
-  /// Test seam: "RANK:PHASE:STEP" kills launch rank RANK (SIGKILL) at PHASE of step STEP (repeatable).
-  std::vector<std::string> inject_fault;
+  /// Test seam: --inject-fault RANK:POINT:STEP (repeatable), parsed with the options (core/fault.hpp).
+  std::vector<fault::Fault> inject_fault;
   std::string audit_dir;  ///< record every sample each rank trains on (exactly-once audit)
   int step_sleep_ms = 0;  ///< testing: sleep after each step, so that signals from outside land mid-run
   // run
@@ -74,26 +90,6 @@ struct Config {
   bool progress = true;  ///< rank-0 progress line on stderr
   std::string log_level = "info";
 };
-
-/// Named points of a training step where --inject-fault kills a rank.
-enum class FaultPhase : std::uint8_t {
-  kForward,
-  kBackward,
-  kAllreduce,
-  kOptimizer,
-  kCheckpointWrite,
-  kRecovery,
-  kSpawn
-};
-const char* phase_name(FaultPhase p) noexcept;
-
-struct Fault {
-  int rank = -1;  ///< launch rank (MPI_COMM_WORLD at start); spawned ranks have none
-  FaultPhase phase = FaultPhase::kForward;
-  std::int64_t step = 0;  ///< 1-based step number
-};
-/// Parses RANK:PHASE:STEP; throws InvalidArgument naming --inject-fault.
-Fault parse_fault(const std::string& spec);
 
 /// Parses "STEP:SIZE,..." (steps increasing); throws InvalidArgument naming --resize-schedule.
 std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::string& spec);

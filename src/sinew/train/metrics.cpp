@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
+#include <system_error>
 
 #include "sinew/core/error.hpp"
 
@@ -18,7 +18,8 @@ double now_s() {
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
     : file_(std::fopen(path.c_str(), append ? "a" : "w")), opened_(now_s()) {
   if (file_ == nullptr) {
-    SINEW_THROW(InvalidArgument, "--metrics: cannot create '{}': {}", path, std::strerror(errno));
+    SINEW_THROW(InvalidArgument, "--metrics: cannot create '{}': {}", path,
+                std::generic_category().message(errno));
   }
 }
 

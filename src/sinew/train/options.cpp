@@ -13,11 +13,36 @@
 
 namespace po = boost::program_options;
 
+// Typed option values: Boost.Program_options finds these validate() overloads by argument-dependent
+// lookup and the enum <-> name tables (core/names.hpp) do the parsing, with an error that names the option.
+namespace sinew::train {
+void validate(boost::any& v, const std::vector<std::string>& values, ElasticMode*, int) {
+  v = parse_name(kElasticNames, po::validators::get_single_string(values), "--elastic");
+}
+void validate(boost::any& v, const std::vector<std::string>& values, LrScaling*, int) {
+  v = parse_name(kLrScalingNames, po::validators::get_single_string(values), "--lr-scaling");
+}
+}  // namespace sinew::train
+namespace sinew::algo {
+void validate(boost::any& v, const std::vector<std::string>& values, AllreduceImpl*, int) {
+  v = parse_name(kAllreduceNames, po::validators::get_single_string(values), "--allreduce");
+}
+}  // namespace sinew::algo
+namespace sinew::fault {
+void validate(boost::any& v, const std::vector<std::string>& values, Fault*, int) {
+  v = parse_fault(po::validators::get_single_string(values), "--inject-fault");
+}
+}  // namespace sinew::fault
+
 namespace sinew::train {
 
 namespace {
 
 po::options_description describe(Config& c, std::string& config_file) {
+  // Boost keeps a pointer to the text: static, built once from the table.
+  static const std::string fault_help =
+      "testing: kill launch rank RANK at POINT (" + names_list(fault::kPointNames) +
+      ") of step STEP (for checkpoint points: of the checkpoint of step STEP); repeatable";
   po::options_description general("General");
   general.add_options()("help,h", "print this help and exit")(
       "version", "print the version and build features and exit")(
@@ -61,7 +86,9 @@ po::options_description describe(Config& c, std::string& config_file) {
   comm.add_options()("algorithm", po::value(&c.algorithm)->default_value(c.algorithm),
                      "gradient_allreduce | bytegrad | qadam | decentralized | low_precision_decentralized | "
                      "async | auto (docs/algorithms.md)")(
-      "allreduce", po::value(&c.allreduce)->default_value(c.allreduce),
+      "allreduce",
+      po::value(&c.allreduce)
+          ->default_value(c.allreduce, std::string(name_of(algo::kAllreduceNames, c.allreduce))),
       "gradient_allreduce's implementation: mpi (the library's) | ring (Sinew's, over point-to-point)")(
       "compress-chunk", po::value(&c.compress_chunk)->default_value(c.compress_chunk)->value_name("N"),
       "elements per 8-bit min-max quantisation chunk (bytegrad, qadam, low_precision_decentralized)")(
@@ -91,12 +118,12 @@ po::options_description describe(Config& c, std::string& config_file) {
       po::value(&c.checkpoint_async)->default_value(c.checkpoint_async)->value_name("BOOL"),
       "write periodic checkpoints in the background (snapshot in memory; errors surface at the next step)")(
       "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
-      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory")(
-      "inject-checkpoint-fault", po::value(&c.inject_checkpoint_fault)->value_name("RANK:PHASE:STEP"),
-      "testing: kill RANK at PHASE (before-shard-data, after-shard-data, before-fsync, before-manifest, "
-      "before-rename) of the checkpoint of STEP");
+      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory");
   po::options_description el("Elasticity (docs/fault-tolerance.md)");
-  el.add_options()("elastic", po::value(&c.elastic)->default_value(c.elastic),
+  el.add_options()("elastic",
+                   po::value(&c.elastic)
+                       ->default_value(c.elastic, std::string(name_of(kElasticNames, c.elastic)))
+                       ->value_name("MODE"),
                    "inplace: survive failures without restarting (ULFM; otherwise as restart) | restart: "
                    "exit 75 on a failure for mpi_scripts/sinew-supervise to relaunch | off")(
       "min-ranks", po::value(&c.min_ranks)->default_value(c.min_ranks),
@@ -105,7 +132,10 @@ po::options_description describe(Config& c, std::string& config_file) {
       "grow back to this many ranks by spawning (0: the launch size)")(
       "grow", po::value(&c.grow)->default_value(c.grow)->value_name("BOOL"),
       "spawn replacements for failed ranks, up to --max-ranks")(
-      "lr-scaling", po::value(&c.lr_scaling)->default_value(c.lr_scaling),
+      "lr-scaling",
+      po::value(&c.lr_scaling)
+          ->default_value(c.lr_scaling, std::string(name_of(kLrScalingNames, c.lr_scaling)))
+          ->value_name("MODE"),
       "none | linear | sqrt: scale the lr with the global batch on every resize")(
       "rescale-ramp-steps", po::value(&c.rescale_ramp_steps)->default_value(c.rescale_ramp_steps),
       "steps over which the lr ramps up to its new value after growth")(
@@ -113,11 +143,9 @@ po::options_description describe(Config& c, std::string& config_file) {
       "keep N samples per step at every world size by gradient accumulation (0: batch-size x ranks)")(
       "resize-schedule", po::value(&c.resize_schedule)->value_name("STEP:SIZE,..."),
       "job server: change the group's size at these steps (ranks leave to shrink, spawn to grow)")(
-      "inject-fault", po::value(&c.inject_fault)->composing()->value_name("RANK:PHASE:STEP"),
-      "testing: kill launch rank RANK at PHASE (forward, backward, allreduce, optimizer, checkpoint-write, "
-      "recovery, spawn) of step STEP; repeatable")(
-      "audit-dir", po::value(&c.audit_dir)->value_name("DIR"),
-      "record the samples every rank trains on, for mpi_scripts/check-audit.py")(
+      "inject-fault", po::value(&c.inject_fault)->composing()->value_name("RANK:POINT:STEP"),
+      fault_help.c_str())("audit-dir", po::value(&c.audit_dir)->value_name("DIR"),
+                          "record the samples every rank trains on, for mpi_scripts/check-audit.py")(
       "step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms),
       "testing: sleep this long after every step, so that a kill from outside lands mid-run");
   po::options_description all(
@@ -150,60 +178,6 @@ void one_of(const std::string& value, std::initializer_list<const char*> allowed
 }
 
 }  // namespace
-
-const char* phase_name(FaultPhase p) noexcept {
-  switch (p) {
-    case FaultPhase::kForward:
-      return "forward";
-    case FaultPhase::kBackward:
-      return "backward";
-    case FaultPhase::kAllreduce:
-      return "allreduce";
-    case FaultPhase::kOptimizer:
-      return "optimizer";
-    case FaultPhase::kCheckpointWrite:
-      return "checkpoint-write";
-    case FaultPhase::kRecovery:
-      return "recovery";
-    case FaultPhase::kSpawn:
-      return "spawn";
-  }
-  return "?";
-}
-
-Fault parse_fault(const std::string& spec) {
-  const auto a = spec.find(':'), b = spec.rfind(':');
-  Fault f;
-  bool ok = a != std::string::npos && a != b;
-  if (ok) {
-    const std::string phase = spec.substr(a + 1, b - a - 1);
-    ok = false;
-    for (auto p :
-         {FaultPhase::kForward, FaultPhase::kBackward, FaultPhase::kAllreduce, FaultPhase::kOptimizer,
-          FaultPhase::kCheckpointWrite, FaultPhase::kRecovery, FaultPhase::kSpawn}) {
-      if (phase == phase_name(p)) {
-        f.phase = p;
-        ok = true;
-      }
-    }
-    try {
-      std::size_t used = 0;
-      f.rank = std::stoi(spec.substr(0, a), &used);
-      ok = ok && used == a;
-      f.step = std::stoll(spec.substr(b + 1), &used);
-      ok = ok && used == spec.size() - b - 1;
-    } catch (const std::logic_error&) {
-      ok = false;
-    }
-  }
-  if (!ok || f.rank < 0 || f.step < 1) {
-    SINEW_THROW(InvalidArgument,
-                "--inject-fault: '{}' is not RANK:PHASE:STEP (RANK >= 0, STEP >= 1, PHASE one of forward, "
-                "backward, allreduce, optimizer, checkpoint-write, recovery, spawn)",
-                spec);
-  }
-  return f;
-}
 
 std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::string& spec) {
   std::vector<std::pair<std::int64_t, int>> out;
@@ -257,7 +231,6 @@ void validate(const Config& c) {
          {"gradient_allreduce", "bytegrad", "qadam", "decentralized", "low_precision_decentralized", "async",
           "auto"},
          "--algorithm");
-  one_of(c.allreduce, {"mpi", "ring"}, "--allreduce");
   one_of(c.peer_selection, {"all", "shift_one"}, "--peer-selection");
   if (c.compress_chunk < 1 || c.compress_chunk > (1u << 24)) {
     SINEW_THROW(InvalidArgument, "--compress-chunk must be between 1 and 16777216, got {}", c.compress_chunk);
@@ -276,8 +249,6 @@ void validate(const Config& c) {
   if (c.sync_interval_ms < 1 || c.sync_interval_ms > 600000) {
     SINEW_THROW(InvalidArgument, "--sync-interval-ms must be in [1, 600000], got {}", c.sync_interval_ms);
   }
-  one_of(c.elastic, {"off", "inplace", "restart"}, "--elastic");
-  one_of(c.lr_scaling, {"none", "linear", "sqrt"}, "--lr-scaling");
   if (c.min_ranks < 1) SINEW_THROW(InvalidArgument, "--min-ranks must be >= 1, got {}", c.min_ranks);
   if (c.max_ranks < 0) SINEW_THROW(InvalidArgument, "--max-ranks must be >= 0, got {}", c.max_ranks);
   if (c.max_ranks > 0 && c.max_ranks < c.min_ranks) {
@@ -293,7 +264,6 @@ void validate(const Config& c) {
   if (c.step_sleep_ms < 0 || c.step_sleep_ms > 60000) {
     SINEW_THROW(InvalidArgument, "--step-sleep-ms must be in [0, 60000], got {}", c.step_sleep_ms);
   }
-  for (const auto& f : c.inject_fault) parse_fault(f);
   if (c.checkpoint_every < 0) {
     SINEW_THROW(InvalidArgument, "--checkpoint-every must be >= 0, got {}", c.checkpoint_every);
   }
@@ -328,7 +298,7 @@ nlohmann::json to_json(const Config& c) {
           {"lr_step_size", c.lr_step_size},
           {"lr_gamma", c.lr_gamma},
           {"algorithm", c.algorithm},
-          {"allreduce", c.allreduce},
+          {"allreduce", std::string(name_of(algo::kAllreduceNames, c.allreduce))},
           {"compress_chunk", c.compress_chunk},
           {"error_feedback", c.error_feedback},
           {"qadam_warmup_steps", c.qadam_warmup_steps},
@@ -336,8 +306,8 @@ nlohmann::json to_json(const Config& c) {
           {"comm_interval", c.comm_interval},
           {"sync_interval_ms", c.sync_interval_ms},
           {"bucket_mb", c.bucket_mb},
-          {"elastic", c.elastic},
-          {"lr_scaling", c.lr_scaling},
+          {"elastic", std::string(name_of(kElasticNames, c.elastic))},
+          {"lr_scaling", std::string(name_of(kLrScalingNames, c.lr_scaling))},
           {"global_batch", c.global_batch},
           {"seed", c.seed}};
 }

@@ -1,42 +1,30 @@
 // The data-parallel training loop: sample -> forward -> backward (buckets reduced as they fill) ->
-// fused optimiser step, with metrics, progress and per-epoch evaluation.
+// fused optimiser step, with metrics, progress and per-epoch evaluation; at step boundaries the group
+// agrees on what happens next (control.hpp), and a failure is recovered in place (elastic.hpp).
+//
+// The train layer, top down (docs/architecture.md has the diagram):
+//   trainer      the loop: run, step, evaluate, step boundaries
+//   elastic      recover / grow / leave; owns the current view's fabric
+//   fabric       per view: backend, checkpoint writer, algorithm, bucketer
+//   checkpoints  when to checkpoint, failed checkpoints, resume
+//   control      signals and the agreement at step boundaries, the resize schedule
+//   rescale      the learning rate across resizes
+//   state        the replicated state, listed once (Position + tensors)
+//   events       the metrics schema; audit: the exactly-once record; summary: the outcome
 #pragma once
 
-#include <cstdint>
 #include <memory>
-#include <string>
 
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/communicator.hpp"
 #include "sinew/train/config.hpp"
+#include "sinew/train/summary.hpp"
 
 namespace sinew::model {
 class Model;
 }
 
 namespace sinew::train {
-
-/// What a finished run reports (rank 0's view; the same on every rank for the agreed values).
-struct Summary {
-  double test_accuracy = 0;
-  double test_loss = 0;
-  double final_train_loss = 0;
-  std::int64_t steps = 0;
-  int epochs = 0;
-  std::int64_t samples = 0;  ///< training samples consumed by the whole group
-  double wall_s = 0;
-  double mean_step_ms = 0;
-  double mean_comm_ms = 0;
-  double samples_per_s = 0;
-  std::uint64_t bytes_sent = 0;  ///< bytes this rank sent for the communication algorithm
-  double checkpoint_ms = 0;      ///< main-thread time spent on periodic checkpoints (not in step times)
-  int stopped_by_signal = 0;     ///< SIGUSR1/SIGTERM stopped the run after a checkpoint (exit code 75)
-  std::string checkpoint_error;  ///< last checkpoint failure, if any (the run then exits with code 4)
-  int failures = 0;              ///< recoveries from failed ranks this process lived through
-  int world_size = 0;            ///< the group's size at the end
-  bool left = false;             ///< this rank left the group on request (job server, SIGUSR2): exit 0
-  bool below_min_ranks = false;  ///< the group fell below --min-ranks: checkpointed and stopped (exit 75)
-};
 
 class Trainer {
  public:

@@ -1,0 +1,232 @@
+#include "sinew/train/elastic.hpp"
+
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "sinew/core/log.hpp"
+
+namespace sinew::train {
+
+namespace {
+
+double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
+
+double unix_now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// Bounds a blocking MPI call that ULFM cannot interrupt (MPI_Comm_spawn and the merge with the new
+/// processes block forever if a member dies meanwhile, in Open MPI 5.0.7): past the deadline the job is
+/// aborted with exit code 75, so that a supervisor (mpi_scripts/sinew-supervise) relaunches it from the
+/// latest checkpoint instead of it hanging.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::milliseconds deadline, std::string what) : what_(std::move(what)) {
+    thread_ = std::thread([this, deadline] {
+      std::unique_lock lock(mu_);
+      if (cv_.wait_for(lock, deadline, [this] { return done_; })) return;
+      spdlog::critical("{} did not complete within {} ms; aborting the job for a relaunch (exit code 75)",
+                       what_, deadline.count());
+      MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRelaunch));
+    });
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+ElasticController::ElasticController(const Config& cfg, membership::Group& group, const FabricSetup& setup,
+                                     TrainState& state, LrRescaler& lr, const StepControl& control,
+                                     Events& events, const fault::Plan& faults)
+    : cfg_(cfg),
+      group_(group),
+      setup_(setup),
+      state_(state),
+      lr_(lr),
+      control_(control),
+      events_(events),
+      faults_(faults) {}
+
+void ElasticController::connect() {
+  fabric_.reset();
+  // The fabric's backend duplicates the group's communicator: same ranks. Set before building it, so
+  // that the algorithm's own events (auto's decision) already go to the right place.
+  log::set_rank(group_.rank(), group_.size());
+  events_.on_view(group_.rank());
+  fabric_ = std::make_unique<Fabric>(group_, setup_);
+}
+
+double ElasticController::synchronise() {
+  const auto t = Clock::now();
+  state_.synchronise(fabric_->backend(), setup_.op);
+  fabric_->algorithm().reset();
+  return ms_since(t);
+}
+
+void ElasticController::rescale(int from_world, const char* why) {
+  const int world = fabric_->size();
+  const RescaleEvent e = lr_.rescale(state_.pos(), from_world, world, why);
+  events_.emit(e);
+  if (fabric_->rank() == 0 && from_world != world) {
+    spdlog::info("rescale ({}): {} -> {} ranks, global batch {}, lr factor {:.3g} -> {:.3g}{}", why,
+                 from_world, world, e.global_batch, e.lr_factor_from, e.lr_factor_to,
+                 e.ramp_steps > 0 ? fmt::format(" over {} steps", e.ramp_steps) : "");
+  }
+}
+
+RecoveryReport ElasticController::recover(const CommFailure& e) {
+  RecoveryReport rep;
+  rep.detected = Clock::now();
+  const int from = fabric_ ? fabric_->size() : group_.size();
+  rep.from_world_size = from;
+  FailureEvent ev;
+  ev.step = state_.pos().step;
+  ev.error = e.message();
+  ev.from_world_size = from;
+  ev.detected_unix_time = unix_now_s();
+  spdlog::warn("failure at step {}: {}; recovering in place", ev.step + 1, e.message());
+  for (;;) {
+    try {
+      // Revoke the old view's backend first: a member blocked in it (the communication thread) returns.
+      if (fabric_) fabric_->abort();
+      const auto sr =
+          group_.shrink([this](int) { faults_.at(fault::Point::kRecovery, state_.pos().step + 1); });
+      fabric_.reset();
+      ev.revoke_ms += sr.revoke_ms;
+      ev.shrink_ms += sr.shrink_ms;
+      ev.agree_ms += sr.agree_ms;
+      ev.attempts += sr.attempts;
+      ev.lost += sr.lost;
+      const auto t = Clock::now();
+      connect();
+      ev.rebuild_ms = ms_since(t);
+      ev.sync_ms = synchronise();
+      rescale(from, "failure");
+      // Every survivor now holds the same position, hence the same target.
+      const int target = control_.target_size(state_.pos());
+      if (cfg_.grow && target > fabric_->size()) {
+        const auto tg = Clock::now();
+        grow_to(target, "replace failed ranks");
+        ev.spawn_ms += ms_since(tg);
+      }
+      break;
+    } catch (const CommFailure& again) {
+      spdlog::warn("another failure during recovery: {}; recovering again", again.message());
+      if (fabric_) fabric_->abort();  // the rebuilt view's backend, if any, before it is freed
+      fabric_.reset();
+    }
+  }
+  const int world = fabric_->size();
+  ev.world_size = world;
+  ev.membership_epoch = group_.epoch();
+  ev.resumed_step = state_.pos().step;
+  ev.role = name_of(membership::kRoleNames, group_.role());
+  events_.emit(ev);
+  ShrinkEvent sh;
+  sh.reason = "failure";
+  sh.step = state_.pos().step;
+  sh.from_world_size = from;
+  sh.world_size = from - ev.lost;
+  sh.membership_epoch = group_.epoch();
+  events_.emit(sh);
+  if (fabric_->rank() == 0) {
+    spdlog::warn(
+        "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
+        "rebuild {:.1f} ms, state sync {:.1f} ms); continuing at step {}",
+        from, from - ev.lost,
+        world > from - ev.lost ? fmt::format(", grown back to {} (spawn {:.0f} ms)", world, ev.spawn_ms) : "",
+        ev.revoke_ms, ev.shrink_ms, ev.agree_ms, ev.rebuild_ms, ev.sync_ms, state_.pos().step + 1);
+  }
+  rep.lost = ev.lost;
+  rep.world_size = world;
+  return rep;
+}
+
+void ElasticController::grow_to(int target, const char* why) {
+  const int from = fabric_->size();
+  fabric_.reset();
+  const auto t = Clock::now();
+  faults_.at(fault::Point::kSpawn, state_.pos().step + 1);
+  membership::GrowReport rep;
+  GrowEvent ev;
+  ev.reason = why;
+  ev.step = state_.pos().step;
+  ev.from_world_size = from;
+  try {
+    Watchdog dog(setup_.op.timeout, fmt::format("growing the group from {} to {} ranks", from, target));
+    rep = group_.grow(target - from);
+  } catch (const membership::SpawnError& e) {
+    // Every member is alive and the view unchanged: go on at this size, and do not try again (until the
+    // job server asks for another size).
+    connect();
+    state_.pos().target_override = from;
+    ev.world_size = from;
+    ev.error = e.message();
+    events_.emit(ev);
+    if (fabric_->rank() == 0)
+      spdlog::warn("cannot grow to {} ranks ({}); continuing with {}", target, e.message(), from);
+    return;
+  }
+  const auto tc = Clock::now();
+  connect();
+  ev.rebuild_ms = ms_since(tc);
+  ev.sync_ms = synchronise();
+  ev.world_size = fabric_->size();
+  ev.membership_epoch = group_.epoch();
+  ev.spawn_ms = rep.spawn_ms;
+  ev.merge_ms = rep.merge_ms;
+  ev.ms = ms_since(t);
+  events_.emit(ev);
+  if (fabric_->rank() == 0) {
+    spdlog::info("grew from {} to {} ranks ({}): spawn {:.0f} ms, state sync {:.1f} ms", from,
+                 fabric_->size(), why, rep.spawn_ms, ev.sync_ms);
+  }
+  rescale(from, "grow");
+}
+
+bool ElasticController::leave(const std::vector<bool>& leaving, const char* why) {
+  const auto t = Clock::now();
+  const int from = fabric_->size();
+  const bool me = leaving[static_cast<std::size_t>(fabric_->rank())];
+  fabric_->algorithm().consensus();  // what the leaving ranks learned stays with the group
+  if (me) spdlog::info("leaving the group at step {} ({})", state_.pos().step, why);
+  fabric_.reset();
+  group_.split_leave(me);
+  if (me) return true;
+  connect();
+  ShrinkEvent ev;
+  ev.reason = "leave";
+  ev.why = why;
+  ev.step = state_.pos().step;
+  ev.from_world_size = from;
+  ev.world_size = fabric_->size();
+  ev.membership_epoch = group_.epoch();
+  ev.ms = ms_since(t);
+  events_.emit(ev);
+  rescale(from, "leave");
+  return false;
+}
+
+}  // namespace sinew::train

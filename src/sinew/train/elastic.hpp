@@ -1,0 +1,73 @@
+// The elastic controller: changes of membership, carried out in place.
+//
+//   recover   a member died (a collective failed or was revoked): abort the view's fabric (revoke, so
+//             that no member stays blocked in it) -> shrink the group to the survivors (revoke, shrink,
+//             agree; membership::Group) -> build a new fabric -> synchronise the state from the most
+//             advanced survivor -> rescale the lr -> grow back to the target size (spawn). Retried from the
+//             abort if members fail during any of these steps.
+//   grow_to   spawn new members (job server, or replacing failed ones); they take the state from memory.
+//   leave     members asked to go (SIGUSR2, job server) split off at a step boundary; not a failure.
+// The controller owns the current view's fabric and writes the membership events (failure, shrink, grow,
+// rescale) and their timings.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "sinew/core/error.hpp"
+#include "sinew/core/fault.hpp"
+#include "sinew/core/timer.hpp"
+#include "sinew/membership/group.hpp"
+#include "sinew/train/config.hpp"
+#include "sinew/train/control.hpp"
+#include "sinew/train/events.hpp"
+#include "sinew/train/fabric.hpp"
+#include "sinew/train/rescale.hpp"
+#include "sinew/train/state.hpp"
+
+namespace sinew::train {
+
+/// What a recovery did, for the loop.
+struct RecoveryReport {
+  Clock::time_point detected;  ///< when the failure was seen
+  int from_world_size = 0;
+  int lost = 0;
+  int world_size = 0;  ///< after shrinking and growing back
+};
+
+class ElasticController {
+ public:
+  ElasticController(const Config& cfg, membership::Group& group, const FabricSetup& setup, TrainState& state,
+                    LrRescaler& lr, const StepControl& control, Events& events, const fault::Plan& faults);
+
+  /// Collective: builds the fabric over the current view (and lets a new rank 0 take the metrics over).
+  void connect();
+  [[nodiscard]] Fabric& fabric() noexcept { return *fabric_; }
+  /// Collective after a change: the state of the most advanced member everywhere; the algorithm restarts.
+  /// Returns milliseconds.
+  double synchronise();
+  /// After a resize: the lr factor for the new size, as a rescale event (and a log line).
+  void rescale(int from_world, const char* why);
+
+  /// Collective over the survivors, after `e`: see above. Retried until it succeeds; throws only what
+  /// cannot be recovered (e.g. no ULFM: CommFailure).
+  RecoveryReport recover(const CommFailure& e);
+  /// Collective: spawns members up to `target`. A spawn that fails with every member alive (no free
+  /// slots) leaves the group at its size and does not try again (a grow event with the error).
+  void grow_to(int target, const char* why);
+  /// Collective: the members marked in `leaving` leave the group; returns true on a leaving member.
+  bool leave(const std::vector<bool>& leaving, const char* why);
+
+ private:
+  const Config& cfg_;
+  membership::Group& group_;
+  const FabricSetup& setup_;
+  TrainState& state_;
+  LrRescaler& lr_;
+  const StepControl& control_;
+  Events& events_;
+  const fault::Plan& faults_;
+  std::unique_ptr<Fabric> fabric_;
+};
+
+}  // namespace sinew::train

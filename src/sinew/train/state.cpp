@@ -1,0 +1,146 @@
+#include "sinew/train/state.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "sinew/algo/algorithm.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/timer.hpp"
+#include "sinew/data/sampler.hpp"
+#include "sinew/model/model.hpp"
+#include "sinew/optim/optimizer.hpp"
+
+namespace sinew::train {
+
+TrainState::TrainState(model::Model& net, optim::Optimizer& optimizer, data::DistributedSampler& sampler,
+                       std::uint64_t seed)
+    : net_(net), optimizer_(optimizer), sampler_(sampler), seed_(seed) {}
+
+const Position& TrainState::position() {
+  pos_.epoch = sampler_.epoch();
+  pos_.cursor = static_cast<std::int64_t>(sampler_.cursor());
+  pos_.optimizer_steps = optimizer_.steps();
+  return pos_;
+}
+
+void TrainState::restore(const Position& p) {
+  pos_ = p;
+  sampler_.set_position(p.epoch, static_cast<std::size_t>(p.cursor));
+  optimizer_.set_steps(p.optimizer_steps);
+}
+
+std::vector<std::pair<std::string, std::span<float>>> TrainState::tensors() {
+  std::vector<std::pair<std::string, std::span<float>>> out;
+  out.emplace_back("params", net_.params());
+  for (const auto& [name, buf] : optimizer_.state()) out.emplace_back("optim/" + name, buf);
+  return out;
+}
+
+checkpoint::TrainingState TrainState::snapshot(algo::Algorithm& algorithm, int rank, int world,
+                                               std::string config_json) {
+  const Position& p = position();
+  checkpoint::TrainingState st;
+  for (const auto& [name, buf] : tensors()) st.tensors[name].assign(buf.begin(), buf.end());
+  st.step = p.step;
+  st.epoch = p.epoch;
+  st.cursor = static_cast<std::uint64_t>(p.cursor);
+  st.dataset_size = sampler_.dataset_size();
+  st.seed = seed_;
+  st.optimizer_steps = p.optimizer_steps;
+  st.world_size = world;
+  st.config_json = std::move(config_json);
+  const auto r = static_cast<std::size_t>(rank);
+  for (const auto& [name, buf] : algorithm.rank_state()) {
+    auto& t = st.tensors[name];
+    t.assign(buf.size() * static_cast<std::size_t>(world), 0.f);
+    std::copy(buf.begin(), buf.end(), t.begin() + static_cast<std::ptrdiff_t>(r * buf.size()));
+  }
+  return st;
+}
+
+void TrainState::apply(const checkpoint::TrainingState& st, const std::string& path,
+                       algo::Algorithm& algorithm, int rank, int world) {
+  if (st.dataset_size != sampler_.dataset_size()) {
+    SINEW_THROW(CheckpointError,
+                "{} was written for {} training samples, this run has {}: another --dataset or "
+                "--limit-train?",
+                path, st.dataset_size, sampler_.dataset_size());
+  }
+  if (st.seed != seed_) {
+    SINEW_THROW(CheckpointError,
+                "{} was written with --seed {}, this run has --seed {}: the data order would "
+                "differ",
+                path, st.seed, seed_);
+  }
+  for (auto& [name, buf] : tensors()) {
+    auto it = st.tensors.find(name);
+    if (it == st.tensors.end()) {
+      SINEW_THROW(CheckpointError, "{} has no tensor '{}': was it written with another --optimizer?", path,
+                  name);
+    }
+    if (it->second.size() != buf.size()) {
+      SINEW_THROW(CheckpointError,
+                  "{}: tensor '{}' has {} elements, this run needs {}: was it written with another "
+                  "--model or --optimizer?",
+                  path, name, it->second.size(), buf.size());
+    }
+    std::copy(it->second.begin(), it->second.end(), buf.begin());
+  }
+  const auto w = static_cast<std::size_t>(world), r = static_cast<std::size_t>(rank);
+  for (auto& [name, buf] : algorithm.rank_state()) {
+    std::fill(buf.begin(), buf.end(), 0.f);
+    auto it = st.tensors.find(name);
+    if (it == st.tensors.end() || buf.empty()) continue;
+    const auto& v = it->second;
+    const std::size_t blocks = v.size() / buf.size();
+    if (blocks * buf.size() != v.size() || blocks == 0)
+      SINEW_THROW(CheckpointError, "{}: tensor '{}' has {} elements, not a multiple of {}", path, name,
+                  v.size(), buf.size());
+    if (blocks == w) {
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(r * buf.size()), buf.size(), buf.begin());
+      continue;
+    }
+    for (std::size_t b = 0; b < blocks; ++b)
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += v[b * buf.size() + i];
+    for (auto& x : buf) x /= static_cast<float>(w);
+  }
+  Position p = position();
+  p.step = st.step;
+  p.epoch = st.epoch;
+  p.cursor = static_cast<std::int64_t>(st.cursor);
+  p.optimizer_steps = st.optimizer_steps;
+  p.last_eval_epoch = st.epoch - 1;
+  restore(p);
+}
+
+double TrainState::synchronise(comm::Backend& backend, const comm::Options& op) {
+  const auto t = Clock::now();
+  Position p = position();
+  std::int64_t top[1] = {p.step};
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(top)), comm::ReduceOp::kMax, op);
+  std::int64_t src[1] = {p.step == top[0] ? backend.rank() : std::numeric_limits<std::int64_t>::max()};
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(src)), comm::ReduceOp::kMin, op);
+  const int root = static_cast<int>(src[0]);
+  auto bytes = std::as_writable_bytes(std::span<Position>(&p, 1));
+  backend.broadcast_sync(comm::Buffer::of(bytes), root, op);
+  const auto all = tensors();
+  for (const auto& [name, buf] : all) backend.broadcast_sync(comm::Buffer::of(buf), root, op);
+  restore(p);
+  // Consistency: a checksum of everything that must be equal, compared as (max, -min).
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto add = [&crc](std::span<const std::byte> b) {
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size()));
+  };
+  add(std::as_bytes(std::span<const Position>(&p, 1)));
+  for (const auto& [name, buf] : all) add(std::as_bytes(buf));
+  std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
+  if (cmp[0] != -cmp[1]) {
+    SINEW_THROW(InternalError, "training state differs across ranks after synchronising from rank {}", root);
+  }
+  return seconds_since(t) * 1e3;
+}
+
+}  // namespace sinew::train

@@ -1,0 +1,109 @@
+// The replicated training state, listed once.
+//
+// Every member of the group holds the same parameters, optimiser state and training position (data
+// parallelism). The scalars of that position live in one trivially copyable struct, Position; the tensors
+// are listed by TrainState::tensors(). Everything that moves the state derives from these two lists:
+//   snapshot()     -> a checkpoint::TrainingState (checkpoints)
+//   apply()        <- a loaded checkpoint (resume, at any world size)
+//   synchronise()  every member takes the state of the most advanced one (after a change of membership)
+// so adding a field means adding it to Position (and, if a checkpoint must carry it, to snapshot/apply).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "sinew/checkpoint/state.hpp"
+#include "sinew/comm/backend.hpp"
+
+namespace sinew::algo {
+class Algorithm;
+}
+namespace sinew::data {
+class DistributedSampler;
+}
+namespace sinew::model {
+class Model;
+}
+namespace sinew::optim {
+class Optimizer;
+}
+
+namespace sinew::train {
+
+/// The learning-rate rescaling ramp after a resize (LrRescaler): factor_from -> factor_to over steps.
+struct LrRamp {
+  double factor_from = 1;
+  double factor_to = 1;
+  std::int64_t start = 0;
+  std::int64_t steps = 0;
+};
+
+/// The scalars of the training position. Replicated: the same on every member after synchronise().
+/// Only 8-byte fields, so the struct has no padding and its bytes can be broadcast and checksummed.
+struct Position {
+  std::int64_t step = 0;              ///< optimiser steps completed by the group
+  std::int64_t epoch = 0;             ///< the sampler's epoch
+  std::int64_t cursor = 0;            ///< samples of the epoch consumed by the whole group
+  std::int64_t optimizer_steps = 0;   ///< the optimiser's own count (Adam's bias correction)
+  std::int64_t last_eval_epoch = -1;  ///< the last epoch evaluated on the test set
+  std::int64_t launch_world = 0;      ///< group size at launch (or resume): the lr's reference
+  std::int64_t sched_total = 0;       ///< lr schedule length, in steps of the reference global batch
+  std::int64_t target_override = 0;   ///< > 0 after ranks left on request: do not grow back past it
+  std::int64_t resumed = 0;           ///< 1 if the run started from a checkpoint
+  double base_batch = 0;              ///< the reference global batch
+  LrRamp ramp;
+};
+static_assert(std::is_trivially_copyable_v<Position>);
+static_assert(sizeof(Position) == std::size_t{14} * 8, "Position must stay free of padding");
+
+/// The state of one member: the Position plus the model's, optimiser's and sampler's own state, which
+/// it reads and writes through references (they stay the owners).
+class TrainState {
+ public:
+  TrainState(model::Model& net, optim::Optimizer& optimizer, data::DistributedSampler& sampler,
+             std::uint64_t seed);
+
+  /// The position, with the sampler's and optimiser's counters brought up to date.
+  [[nodiscard]] const Position& position();
+  /// Mutable access for the collaborators that own parts of it (loop, lr rescaler, control).
+  [[nodiscard]] Position& pos() noexcept { return pos_; }
+  [[nodiscard]] const Position& pos() const noexcept { return pos_; }
+
+  /// The replicated tensors by checkpoint name: "params", then "optim/<name>" for the optimiser state.
+  [[nodiscard]] std::vector<std::pair<std::string, std::span<float>>> tensors();
+
+  /// The state as a checkpoint. Per-rank `algorithm` state (e.g. error-feedback residuals) is stored as
+  /// `world` blocks, rank r's shard holding exactly its block (docs/checkpoint-format.md).
+  [[nodiscard]] checkpoint::TrainingState snapshot(algo::Algorithm& algorithm, int rank, int world,
+                                                   std::string config_json);
+
+  /// Takes a loaded checkpoint after checking that it fits this run (data set size, seed, tensor sizes);
+  /// throws CheckpointError naming `path` and the mismatch otherwise. Per-rank algorithm state: this
+  /// rank's block at the same world size, else the blocks' sum spread evenly. Sets step, epoch, cursor,
+  /// optimiser steps, and last_eval_epoch = epoch - 1 (a checkpoint at an epoch's end may precede that
+  /// epoch's evaluation).
+  void apply(const checkpoint::TrainingState& st, const std::string& path, algo::Algorithm& algorithm,
+             int rank, int world);
+
+  /// Collective over `backend`, after any change of membership: every member takes the state of the
+  /// most advanced one (the lowest rank among those at the highest step: a step that completed anywhere
+  /// completed with every rank's gradients), from memory, then all check that they hold the same bytes
+  /// (InternalError otherwise). Returns milliseconds. A member that has no state yet (a spawned
+  /// replacement) calls it with step -1.
+  double synchronise(comm::Backend& backend, const comm::Options& op);
+
+ private:
+  void restore(const Position& p);
+
+  model::Model& net_;
+  optim::Optimizer& optimizer_;
+  data::DistributedSampler& sampler_;
+  std::uint64_t seed_;
+  Position pos_;
+};
+
+}  // namespace sinew::train
