@@ -21,6 +21,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "sinew/core/names.hpp"
+
 namespace sinew::comm {
 
 using namespace std::chrono_literals;
@@ -29,8 +31,16 @@ enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kUInt64, k
 enum class ReduceOp : std::uint8_t { kSum, kMax, kMin };
 
 std::size_t dtype_size(DType t) noexcept;
-const char* dtype_name(DType t) noexcept;
-const char* reduce_op_name(ReduceOp op) noexcept;
+inline constexpr NameTable<DType, 6> kDTypeNames{{{DType::kFloat32, "float"},
+                                                  {DType::kFloat64, "double"},
+                                                  {DType::kInt32, "int32"},
+                                                  {DType::kInt64, "int64"},
+                                                  {DType::kUInt64, "uint64"},
+                                                  {DType::kUInt8, "uint8"}}};
+inline constexpr NameTable<ReduceOp, 3> kReduceOpNames{
+    {{ReduceOp::kSum, "sum"}, {ReduceOp::kMax, "max"}, {ReduceOp::kMin, "min"}}};
+constexpr std::string_view dtype_name(DType t) noexcept { return name_of(kDTypeNames, t); }
+constexpr std::string_view reduce_op_name(ReduceOp op) noexcept { return name_of(kReduceOpNames, op); }
 
 template <class T>
 constexpr DType dtype_of() {
