@@ -71,6 +71,7 @@ class MpiWork final : public Work {
   MpiWork& operator=(const MpiWork&) = delete;
   MpiWork(MpiWork&&) = delete;
   MpiWork& operator=(MpiWork&&) = delete;
+  ~MpiWork() override = default;
 
   bool test() override {
     check_not_aborted();
