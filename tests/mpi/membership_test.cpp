@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "mpi_test_main.hpp"
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/fault.hpp"
@@ -52,8 +53,6 @@ namespace {
 
 /// The argument that makes this program act as a member spawned by a test's grow().
 constexpr const char* kSpawnedMemberFlag = "--spawned-member";
-/// The exit code of a run that skipped a test (tests/mpi/mpi_main.cpp, SKIP_RETURN_CODE in CMake).
-constexpr int kSkipped = 77;
 constexpr const char* kNeedsUlfm = "needs ULFM (Open MPI 5 and mpirun --with-ft ulfm)";
 
 /// This program's own command (recorded in main() before gtest and MPI take their flags out of argv).
@@ -438,19 +437,6 @@ int spawned_member_main(const SpawnCommand& self) {
   }
 }
 
-/// Prints failures of ranks other than world rank 0, prefixed with the rank, and nothing else.
-class RankFailurePrinter : public testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name(), r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 
 /// The exit codes of tests/mpi/mpi_main.cpp (1 failed, 77 skipped, 0 passed), reduced over the survivors.
@@ -465,35 +451,24 @@ int main(int argc, char** argv) {
 
   g_self = self;
   g_live = std::make_unique<mpi::Communicator>(mpi::Communicator::borrow(MPI_COMM_WORLD).dup());
-  if (env.world_rank() != 0) {
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(env.world_rank()));
-  }
-  const int result = RUN_ALL_TESTS();
-  const auto* unit = testing::UnitTest::GetInstance();
-  // {failed, skipped, none to run}, each the maximum over the members still alive.
-  int outcome[3] = {result != 0 ? 1 : 0, unit->skipped_test_count() > 0 ? 1 : 0,
-                    unit->test_to_run_count() == 0 ? 1 : 0};
-  const int rc = MPI_Allreduce(MPI_IN_PLACE, outcome, 3, MPI_INT, MPI_MAX, live().get());
+  test::print_failures_only(env.world_rank());
+  auto outcome = test::local_outcome(RUN_ALL_TESTS());
+  // Reduced over the members still alive, not MPI_COMM_WORLD.
+  const int rc = MPI_Allreduce(MPI_IN_PLACE, outcome.data(), 3, MPI_INT, MPI_MAX, live().get());
   const bool first = live().rank() == 0;
   g_live.reset();
   // One verdict line from the first survivor: the ctest tests whose mpirun exits non-zero although every
   // process passed (a failed spawn) read it instead of the exit status (tests/mpi/CMakeLists.txt).
-  struct Verdict {
-    int code;
-    std::string text;
-  };
-  const Verdict v =
-      rc != MPI_SUCCESS
-          ? Verdict{1, "failed: the survivors could not agree on the result (" + mpi::error_string(rc) + ")"}
-      : outcome[0] != 0 ? Verdict{1, "failed"}
-      : outcome[2] != 0 ? Verdict{1, "failed: no test matched the filter, nothing was tested"}
-      : outcome[1] != 0 ? Verdict{kSkipped, "skipped (exit code 77: ctest reports a skip)"}
-                        : Verdict{0, "passed on every rank"};
+  const char* why = "";
+  int code = test::exit_code(outcome, why);
+  std::string text = why;
+  if (rc != MPI_SUCCESS) {
+    code = 1;
+    text = "failed: the survivors could not agree on the result (" + mpi::error_string(rc) + ")";
+  }
   if (first || rc != MPI_SUCCESS) {
-    std::printf("[membership_test] verdict: %s\n", v.text.c_str());
+    std::printf("[membership_test] verdict: %s\n", text.c_str());
     std::fflush(stdout);
   }
-  return v.code;
+  return code;
 }
