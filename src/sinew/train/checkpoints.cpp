@@ -16,8 +16,14 @@
 
 namespace sinew::train {
 
-CheckpointPolicy::CheckpointPolicy(const Config& cfg, TrainState& state, Events& events, int generation)
-    : cfg_(cfg), state_(state), events_(events), generation_(generation), config_json_(to_json(cfg).dump()) {}
+CheckpointPolicy::CheckpointPolicy(const Config& cfg, const comm::Options& op, TrainState& state,
+                                   Events& events, int generation)
+    : cfg_(cfg),
+      op_(op),
+      state_(state),
+      events_(events),
+      generation_(generation),
+      config_json_(to_json(cfg).dump()) {}
 
 bool CheckpointPolicy::in_flight(Fabric& fabric) {
   return fabric.writer() != nullptr && fabric.writer()->async_in_flight();
@@ -84,7 +90,6 @@ void CheckpointPolicy::failed(Fabric& fabric, const std::string& why, const std:
 bool CheckpointPolicy::resume(Fabric& fabric) {
   if (cfg_.resume == "never" || (cfg_.resume == "auto" && cfg_.checkpoint_dir.empty())) return false;
   auto& backend = fabric.backend();
-  const comm::Options op{std::chrono::milliseconds(cfg_.timeout_ms)};
   std::string path;
   ResumeEvent ev;
   if (cfg_.resume == "auto") {
@@ -98,7 +103,7 @@ bool CheckpointPolicy::resume(Fabric& fabric) {
     }
     std::vector<std::uint8_t> buf(4096, 0);  // the chosen path, NUL-terminated
     std::copy_n(path.begin(), std::min(path.size(), buf.size() - 1), buf.begin());
-    backend.broadcast_sync(comm::Buffer::of(std::span<std::uint8_t>(buf)), 0, op);
+    backend.broadcast_sync(comm::Buffer::of(std::span<std::uint8_t>(buf)), 0, op_);
     path.assign(reinterpret_cast<const char*>(buf.data()));
     if (path.empty()) {
       if (fabric.rank() == 0)
@@ -120,7 +125,7 @@ bool CheckpointPolicy::resume(Fabric& fabric) {
     ok = 0;
     why = e.message();
   }
-  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), comm::ReduceOp::kMin, op);
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), comm::ReduceOp::kMin, op_);
   if (!ok) {
     SINEW_THROW(CheckpointError, "cannot resume: {}",
                 why.empty() ? fmt::format("{}: another rank could not load it", path) : why);

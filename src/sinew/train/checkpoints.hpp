@@ -25,7 +25,9 @@ namespace sinew::train {
 
 class CheckpointPolicy {
  public:
-  CheckpointPolicy(const Config& cfg, TrainState& state, Events& events, int generation);
+  /// `op`: the deadline of resume's collectives.
+  CheckpointPolicy(const Config& cfg, const comm::Options& op, TrainState& state, Events& events,
+                   int generation);
 
   /// Collective: writes a checkpoint of the current state (`async`: periodic ones only, in the
   /// background). Failures are reported, not thrown; CommFailure/Timeout still propagate.
@@ -48,6 +50,7 @@ class CheckpointPolicy {
   void failed(Fabric& fabric, const std::string& why, const std::string& message);
 
   const Config& cfg_;
+  comm::Options op_;
   TrainState& state_;
   Events& events_;
   int generation_;

@@ -100,7 +100,6 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   RecoveryReport rep;
   rep.detected = Clock::now();
   const int from = fabric_ ? fabric_->size() : group_.size();
-  rep.from_world_size = from;
   FailureEvent ev;
   ev.step = state_.pos().step;
   ev.error = e.message();
@@ -159,7 +158,6 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
         world > from - ev.lost ? fmt::format(", grown back to {} (spawn {:.0f} ms)", world, ev.spawn_ms) : "",
         ev.revoke_ms, ev.shrink_ms, ev.agree_ms, ev.rebuild_ms, ev.sync_ms, state_.pos().step + 1);
   }
-  rep.lost = ev.lost;
   rep.world_size = world;
   return rep;
 }

@@ -30,9 +30,7 @@ namespace sinew::train {
 /// What a recovery did, for the loop.
 struct RecoveryReport {
   Clock::time_point detected;  ///< when the failure was seen
-  int from_world_size = 0;
-  int lost = 0;
-  int world_size = 0;  ///< after shrinking and growing back
+  int world_size = 0;          ///< after shrinking and growing back
 };
 
 class ElasticController {

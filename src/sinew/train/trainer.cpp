@@ -135,8 +135,7 @@ struct Trainer::Impl {
         lr(cfg, data.train.size()),
         setup(fabric_setup()),
         elastic(cfg, group, setup, state, lr, control, events, faults),
-        checkpoints(cfg, state, events, generation) {
-    state.pos().launch_world = group.size();
+        checkpoints(cfg, setup.op, state, events, generation) {
     if (group.role() == membership::Role::kRecovered) {
       // Spawned to replace failed ranks: the parents are in grow_to() -> connect() -> synchronise().
       state.pos().step = -1;
