@@ -33,6 +33,10 @@ const char* cublas_status_name(cublasStatus_t status) noexcept {
 void check(cudaError_t code, const char* call, const SourceLocation& where) {
   if (code == cudaSuccess) [[likely]]
     return;
+  // The runtime also leaves this error in the thread's last-error slot, where the next check_last_launch
+  // would report it a second time, blamed on an unrelated kernel. Clearing it is a no-op for sticky errors
+  // (a kernel fault), which keep failing every later call as they should.
+  (void)cudaGetLastError();
   throw CudaError(fmt::format("{} failed: {}: {}", call, cudaGetErrorName(code), cudaGetErrorString(code)),
                   where);
 }
