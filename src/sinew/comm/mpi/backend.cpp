@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -127,6 +128,7 @@ std::unique_ptr<Work> one(std::string what, Request r, MpiBackend* owner) {
 MpiBackend::MpiBackend(const sinew::mpi::Communicator& comm) : comm_(comm.dup()) {
   rank_ = comm_.rank();
   size_ = comm_.size();
+  ulfm_ = sinew::mpi::ulfm_enabled();
 }
 
 void MpiBackend::check_usable() const {
@@ -204,6 +206,60 @@ std::unique_ptr<Work> MpiBackend::barrier(const Options&) {
   Request r;
   SINEW_MPI(MPI_Ibarrier(comm_.get(), r.out_collective()));
   return one("barrier", std::move(r), this);
+}
+
+namespace {
+/// A tag no Sinew message uses: the probe in failed_peers() only drives progress and must match nothing.
+constexpr int kProgressProbeTag = 32766;  // below MPI's guaranteed MPI_TAG_UB (32767)
+}  // namespace
+
+int MpiBackend::failed_peers() const noexcept {
+#if SINEW_HAVE_ULFM
+  if (!ulfm_) return 0;
+  // Failure notices are processed by MPI's progress engine, which nothing else drives while this process
+  // waits outside MPI. The probe's result (an error once a failure is known) does not matter.
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, kProgressProbeTag, comm_.get(), &flag, MPI_STATUS_IGNORE);
+  MPI_Group failed = MPI_GROUP_NULL;
+  if (MPIX_Comm_get_failed(comm_.get(), &failed) != MPI_SUCCESS) return 0;
+  int n = 0;
+  if (MPI_Group_size(failed, &n) != MPI_SUCCESS) n = 0;
+  MPI_Group_free(&failed);
+  return n;
+#else
+  return 0;
+#endif
+}
+
+std::vector<int> MpiBackend::failed_ranks() const {
+  std::vector<int> out;
+#if SINEW_HAVE_ULFM
+  if (!ulfm_) return out;
+  MPI_Group failed = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  if (MPIX_Comm_get_failed(comm_.get(), &failed) != MPI_SUCCESS) return out;
+  int n = 0;
+  if (MPI_Group_size(failed, &n) == MPI_SUCCESS && n > 0 &&
+      MPI_Comm_group(comm_.get(), &all) == MPI_SUCCESS) {
+    std::vector<int> in(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = i;
+    out.assign(static_cast<std::size_t>(n), MPI_UNDEFINED);
+    MPI_Group_translate_ranks(failed, n, in.data(), all, out.data());
+    MPI_Group_free(&all);
+    std::sort(out.begin(), out.end());
+  }
+  MPI_Group_free(&failed);
+#endif
+  return out;
+}
+
+bool MpiBackend::revoked() const noexcept {
+#if SINEW_HAVE_ULFM
+  if (!ulfm_) return false;
+  int flag = 0;
+  return MPIX_Comm_is_revoked(comm_.get(), &flag) == MPI_SUCCESS && flag != 0;
+#else
+  return false;
+#endif
 }
 
 void MpiBackend::abort() noexcept {

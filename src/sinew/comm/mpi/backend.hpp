@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <vector>
 
 #include "sinew/comm/backend.hpp"
 #include "sinew/mpi/communicator.hpp"
@@ -37,6 +38,20 @@ class MpiBackend final : public Backend {
   /// Whether abort() was called.
   [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
+  /// How many members of this communicator this process knows to have failed: ULFM's
+  /// MPIX_Comm_get_failed (0 without ULFM). For transports that wait outside MPI (comm/nccl/), which poll
+  /// it to end a wait for a dead peer in milliseconds. It drives MPI's progress engine first (an
+  /// MPI_Iprobe that matches nothing): measured with Open MPI 5.0.7, MPIX_Comm_get_failed alone never saw a
+  /// SIGKILLed peer within 20 s, with the probe every 1 ms it did in 9-30 ms. A few microseconds; safe
+  /// from any thread (MPI_THREAD_MULTIPLE); never throws.
+  [[nodiscard]] int failed_peers() const noexcept;
+  /// Their ranks in this communicator, ascending (for messages).
+  [[nodiscard]] std::vector<int> failed_ranks() const;
+  /// Whether a member revoked this communicator (ULFM's MPIX_Comm_is_revoked; false without ULFM): a peer
+  /// saw a failure first. Polled with failed_peers(): a member that learns of the failure only through the
+  /// revocation sees no failed peer here (measured: Open MPI 5.0.7 then reports none).
+  [[nodiscard]] bool revoked() const noexcept;
+
  private:
   void check_usable() const;
   void check_peer(int peer, const char* op) const;
@@ -45,6 +60,7 @@ class MpiBackend final : public Backend {
   int rank_ = 0;
   int size_ = 1;
   std::atomic<bool> aborted_{false};
+  bool ulfm_ = false;  // ULFM usable in this job (checked once: failed_peers() is polled)
 };
 
 /// The MPI datatype and operation for Sinew's enums.
