@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <string>
+
 #include "sinew/core/error.hpp"
 #include "sinew/cuda/check.hpp"
 #include "sinew/mpi/check.hpp"
@@ -38,9 +40,11 @@ int select_device(MPI_Comm view) {
   int count = 0;
   const cudaError_t code = query_count(count);
   if (count <= 0) {
-    SINEW_THROW(InvalidArgument,
-                "--device cuda needs a CUDA GPU; none is visible (cudaGetDeviceCount: {}: {})",
-                cudaGetErrorName(code), cudaGetErrorString(code));
+    const std::string why = code == cudaSuccess
+                                ? std::string("0 devices")
+                                : fmt::format("{}: {}", cudaGetErrorName(code), cudaGetErrorString(code));
+    SINEW_THROW(InvalidArgument, "--device cuda needs a CUDA GPU; none is visible (cudaGetDeviceCount: {})",
+                why);
   }
   int rank = 0;
   SINEW_MPI(MPI_Comm_rank(view, &rank));
