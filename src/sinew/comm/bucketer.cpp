@@ -7,24 +7,23 @@
 
 namespace sinew::comm {
 
-GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
-                                   const std::vector<Range>& ready_order, BucketOptions opts)
-    : backend_(backend), grads_(grads), opts_(std::move(opts)) {
-  if (ready_order.empty()) SINEW_THROW(InvalidArgument, "bucketer: no gradient ranges");
+BucketLayout::BucketLayout(const std::vector<Range>& ready_order, std::size_t n, std::size_t bucket_bytes,
+                           const char* who)
+    : who_(who) {
+  if (ready_order.empty()) SINEW_THROW(InvalidArgument, "{}: no gradient ranges", who);
   std::size_t covered = 0;
-  const std::size_t target = std::max<std::size_t>(opts_.bucket_bytes / sizeof(float), 1);
-  for (std::size_t i = 0; i < ready_order.size(); ++i) {
-    const Range& r = ready_order[i];
-    if (r.count == 0 || r.offset + r.count > grads.size()) {
-      SINEW_THROW(InvalidArgument, "bucketer: range [{}, {}) is empty or outside the {} gradients", r.offset,
-                  r.offset + r.count, grads.size());
+  const std::size_t target = std::max<std::size_t>(bucket_bytes / sizeof(float), 1);
+  for (const Range& r : ready_order) {
+    if (r.count == 0 || r.offset + r.count > n) {
+      SINEW_THROW(InvalidArgument, "{}: range [{}, {}) is empty or outside the {} gradients", who, r.offset,
+                  r.offset + r.count, n);
     }
     covered += r.count;
     const bool adjacent =
         !buckets_.empty() && (r.offset + r.count == buckets_.back().range.offset ||
                               buckets_.back().range.offset + buckets_.back().range.count == r.offset);
     if (buckets_.empty() || !adjacent || buckets_.back().range.count >= target) {
-      buckets_.push_back({r, 1, 0});
+      buckets_.push_back({r, 1});
     } else {
       Bucket& b = buckets_.back();
       b.range.offset = std::min(b.range.offset, r.offset);
@@ -33,12 +32,29 @@ GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
     }
     bucket_of_offset_.emplace_back(r.offset, buckets_.size() - 1);
   }
-  if (covered != grads.size()) {
-    SINEW_THROW(InvalidArgument,
-                "bucketer: ranges cover {} of {} gradients; they must cover each exactly once", covered,
-                grads.size());
+  if (covered != n) {
+    SINEW_THROW(InvalidArgument, "{}: ranges cover {} of {} gradients; they must cover each exactly once",
+                who, covered, n);
   }
   std::sort(bucket_of_offset_.begin(), bucket_of_offset_.end());
+}
+
+std::size_t BucketLayout::bucket_of(std::size_t offset) const {
+  const auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(),
+                                   std::make_pair(offset, std::size_t{0}));
+  if (it == bucket_of_offset_.end() || it->first != offset) {
+    SINEW_THROW(InvalidArgument, "{}: range at offset {} is not one of the registered ranges", who_, offset);
+  }
+  return it->second;
+}
+
+GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
+                                   const std::vector<Range>& ready_order, BucketOptions opts)
+    : backend_(backend),
+      grads_(grads),
+      opts_(std::move(opts)),
+      layout_(ready_order, grads.size(), opts_.bucket_bytes, "bucketer") {
+  for (const auto& b : layout_.buckets()) buckets_.push_back({b.range, b.ranges_total, 0});
   if (opts_.overlap) thread_ = std::thread([this] { run(); });
 }
 
@@ -67,16 +83,11 @@ std::vector<Range> GradientBucketer::buckets() const {
 }
 
 void GradientBucketer::mark_ready(Range r) {
-  auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(),
-                             std::make_pair(r.offset, std::size_t{0}));
-  if (it == bucket_of_offset_.end() || it->first != r.offset) {
-    SINEW_THROW(InvalidArgument, "bucketer: range at offset {} is not one of the registered ranges",
-                r.offset);
-  }
+  const std::size_t bucket = layout_.bucket_of(r.offset);
   bool notify = false;
   {
     std::lock_guard lock(mu_);
-    Bucket& b = buckets_[it->second];
+    Bucket& b = buckets_[bucket];
     SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
     notify = ++b.ranges_ready == b.ranges_total;
     if (notify) pending_.fetch_add(1, std::memory_order_release);

@@ -39,6 +39,29 @@ struct Range {
   std::size_t count = 0;
 };
 
+/// The bucket layout that both bucketers (this one and comm/nccl/'s DeviceBucketer) use, so that a model
+/// is bucketed alike on either device: the ranges in ready order, grouped into contiguous buckets of about
+/// `bucket_bytes` (a new bucket starts when the next range is not adjacent or the bucket is full).
+class BucketLayout {
+ public:
+  struct Bucket {
+    Range range;
+    std::size_t ranges_total = 0;  ///< ranges that make up the bucket
+  };
+  /// Throws InvalidArgument (naming `who`) unless the ranges are non-empty, inside [0, n), and cover it
+  /// exactly once.
+  BucketLayout(const std::vector<Range>& ready_order, std::size_t n, std::size_t bucket_bytes,
+               const char* who);
+  [[nodiscard]] const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+  /// The bucket of the range that starts at `offset`; throws InvalidArgument for an offset that starts none.
+  [[nodiscard]] std::size_t bucket_of(std::size_t offset) const;
+
+ private:
+  const char* who_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_offset_;  // (range offset, bucket), sorted
+};
+
 struct BucketOptions {
   std::size_t bucket_bytes = 4u << 20;  ///< target bucket size; a range larger than this is a bucket alone
   bool overlap = true;                  ///< reduce on a communication thread while backward runs
@@ -87,8 +110,8 @@ class GradientBucketer {
   Backend& backend_;
   std::span<float> grads_;
   BucketOptions opts_;
+  BucketLayout layout_;
   std::vector<Bucket> buckets_;
-  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_offset_;  // (range offset, bucket), sorted
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -10,36 +10,12 @@ namespace sinew::comm::nccl {
 
 DeviceBucketer::DeviceBucketer(NcclBackend& nccl, float* grads, std::size_t n,
                                const std::vector<Range>& ready_order, DeviceBucketOptions opts)
-    : nccl_(nccl), grads_(grads), opts_(std::move(opts)) {
-  // The layout rules of comm::GradientBucketer, so that both devices bucket a model alike.
-  if (ready_order.empty()) SINEW_THROW(InvalidArgument, "device bucketer: no gradient ranges");
-  std::size_t covered = 0;
-  const std::size_t target = std::max<std::size_t>(opts_.bucket_bytes / sizeof(float), 1);
-  for (const Range& r : ready_order) {
-    if (r.count == 0 || r.offset + r.count > n) {
-      SINEW_THROW(InvalidArgument, "device bucketer: range [{}, {}) is empty or outside the {} gradients",
-                  r.offset, r.offset + r.count, n);
-    }
-    covered += r.count;
-    const bool adjacent =
-        !buckets_.empty() && (r.offset + r.count == buckets_.back().range.offset ||
-                              buckets_.back().range.offset + buckets_.back().range.count == r.offset);
-    if (buckets_.empty() || !adjacent || buckets_.back().range.count >= target) {
-      buckets_.push_back({r, 1, 0});
-    } else {
-      Bucket& b = buckets_.back();
-      b.range.offset = std::min(b.range.offset, r.offset);
-      b.range.count += r.count;
-      ++b.ranges_total;
-    }
-    bucket_of_offset_.emplace_back(r.offset, buckets_.size() - 1);
-  }
-  if (covered != n) {
-    SINEW_THROW(InvalidArgument,
-                "device bucketer: ranges cover {} of {} gradients; they must cover each exactly once",
-                covered, n);
-  }
-  std::sort(bucket_of_offset_.begin(), bucket_of_offset_.end());
+    : nccl_(nccl),
+      grads_(grads),
+      opts_(std::move(opts)),
+      // comm::GradientBucketer's layout, so that both devices bucket a model alike.
+      layout_(ready_order, n, opts_.bucket_bytes, "device bucketer") {
+  for (const auto& b : layout_.buckets()) buckets_.push_back({b.range, b.ranges_total, 0});
   works_.reserve(buckets_.size());
 }
 
@@ -51,13 +27,7 @@ std::vector<Range> DeviceBucketer::buckets() const {
 }
 
 void DeviceBucketer::mark_ready(Range r, cudaEvent_t ready) {
-  const auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(),
-                                   std::make_pair(r.offset, std::size_t{0}));
-  if (it == bucket_of_offset_.end() || it->first != r.offset) {
-    SINEW_THROW(InvalidArgument, "device bucketer: range at offset {} is not one of the registered ranges",
-                r.offset);
-  }
-  Bucket& b = buckets_[it->second];
+  Bucket& b = buckets_[layout_.bucket_of(r.offset)];
   SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
   // Now, not when the bucket is enqueued: the caller may record the event again for a later range, and a
   // stream wait takes the event as it is at the call. A wait for a later bucket's range placed before an

@@ -78,9 +78,9 @@ class DeviceBucketer {
   NcclBackend& nccl_;
   float* grads_;
   DeviceBucketOptions opts_;
+  BucketLayout layout_;
   std::vector<Bucket> buckets_;
-  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_offset_;  // (range offset, bucket), sorted
-  std::vector<std::unique_ptr<Work>> works_;                           // bucket b's reduction at [b]
+  std::vector<std::unique_ptr<Work>> works_;  // bucket b's reduction at [b]
   std::chrono::steady_clock::time_point first_enqueue_{};
   double last_comm_ms_ = 0;
   double last_exposed_ms_ = 0;
