@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/fault.hpp"
 #include "sinew/train/config.hpp"
@@ -89,6 +90,38 @@ TEST(Options, ChoicesAreTyped) {
         std::string(e.what()).find("--lr-scaling: unknown value 'cubic'; use one of none, linear, sqrt"),
         std::string::npos)
         << e.what();
+  }
+}
+
+/// --device cuda refuses what would silently run on the host, naming the option and what to use.
+TEST(Options, DeviceCudaRefusesCpuOnlyChoices) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* needle;
+  };
+  const std::vector<Case> cases{
+      {{"--algorithm", "decentralized"}, "--algorithm decentralized runs on the CPU only"},
+      {{"--model", "cnn"}, "supports the models logreg and mlp"},
+      {{"--allreduce", "ring"}, "--allreduce ring runs on the CPU only"},
+      {{"--algorithm", "bytegrad", "--error-feedback", "true"}, "--error-feedback runs on the CPU only"},
+      {{}, nullptr},  // the plain run: accepted with CUDA support
+  };
+  for (const auto& c : cases) {
+    std::vector<const char*> argv{"sinew-train", "--device", "cuda"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::string refused;  // parse_command_line validates
+    try {
+      (void)parse_command_line(static_cast<int>(argv.size()), argv.data());
+    } catch (const InvalidArgument& e) {
+      refused = e.message();
+    }
+    if (SINEW_HAVE_CUDA == 0) {  // a CPU-only build refuses --device cuda itself
+      EXPECT_NE(refused.find("no GPU support"), std::string::npos) << refused;
+    } else if (c.needle == nullptr) {
+      EXPECT_EQ(refused, "");
+    } else {
+      EXPECT_NE(refused.find(c.needle), std::string::npos) << "for " << c.needle << ": " << refused;
+    }
   }
 }
 

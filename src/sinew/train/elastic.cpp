@@ -108,8 +108,12 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   spdlog::warn("failure at step {}: {}; recovering in place", ev.step + 1, e.message());
   for (;;) {
     try {
-      // Revoke the old view's backend first: a member blocked in it (the communication thread) returns.
-      if (fabric_) fabric_->abort();
+      // Abort the old view's backends first (NCCL, then the MPI revoke): a member blocked in them (the
+      // communication thread, a GPU wait) returns.
+      if (fabric_) {
+        ev.on_device = static_cast<bool>(setup_.attach_device);
+        ev.nccl_abort_ms += fabric_->abort();
+      }
       const auto sr =
           group_.shrink([this](int) { faults_.at(fault::Point::kRecovery, state_.pos().step + 1); });
       fabric_.reset();
@@ -121,6 +125,7 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
       const auto t = Clock::now();
       connect();
       ev.rebuild_ms = ms_since(t);
+      ev.nccl_init_ms = fabric_->nccl_init_ms();
       ev.sync_ms = synchronise();
       rescale(from, "failure");
       // Every survivor now holds the same position, hence the same target.
@@ -152,10 +157,13 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   events_.emit(sh);
   if (fabric_->rank() == 0) {
     spdlog::warn(
-        "recovered in place: {} -> {} ranks{} (revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
+        "recovered in place: {} -> {} ranks{} ({}revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
         "rebuild {:.1f} ms, state sync {:.1f} ms); continuing at step {}",
         from, from - ev.lost,
         world > from - ev.lost ? fmt::format(", grown back to {} (spawn {:.0f} ms)", world, ev.spawn_ms) : "",
+        ev.on_device
+            ? fmt::format("NCCL abort {:.1f} ms, NCCL init {:.1f} ms, ", ev.nccl_abort_ms, ev.nccl_init_ms)
+            : "",
         ev.revoke_ms, ev.shrink_ms, ev.agree_ms, ev.rebuild_ms, ev.sync_ms, state_.pos().step + 1);
   }
   rep.world_size = world;

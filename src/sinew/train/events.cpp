@@ -60,23 +60,28 @@ json to_json(const ResumeEvent& e) {
 }
 
 json to_json(const FailureEvent& e) {
-  return {{"event", "failure"},
-          {"step", e.step},
-          {"error", e.error},
-          {"from_world_size", e.from_world_size},
-          {"detected_unix_time", e.detected_unix_time},
-          {"world_size", e.world_size},
-          {"lost", e.lost},
-          {"attempts", e.attempts},
-          {"membership_epoch", e.membership_epoch},
-          {"revoke_ms", e.revoke_ms},
-          {"shrink_ms", e.shrink_ms},
-          {"agree_ms", e.agree_ms},
-          {"spawn_ms", e.spawn_ms},
-          {"rebuild_ms", e.rebuild_ms},
-          {"sync_ms", e.sync_ms},
-          {"resumed_step", e.resumed_step},
-          {"role", e.role}};
+  json j = {{"event", "failure"},
+            {"step", e.step},
+            {"error", e.error},
+            {"from_world_size", e.from_world_size},
+            {"detected_unix_time", e.detected_unix_time},
+            {"world_size", e.world_size},
+            {"lost", e.lost},
+            {"attempts", e.attempts},
+            {"membership_epoch", e.membership_epoch},
+            {"revoke_ms", e.revoke_ms},
+            {"shrink_ms", e.shrink_ms},
+            {"agree_ms", e.agree_ms},
+            {"spawn_ms", e.spawn_ms},
+            {"rebuild_ms", e.rebuild_ms},
+            {"sync_ms", e.sync_ms},
+            {"resumed_step", e.resumed_step},
+            {"role", e.role}};
+  if (e.on_device) {
+    j["nccl_abort_ms"] = e.nccl_abort_ms;
+    j["nccl_init_ms"] = e.nccl_init_ms;
+  }
+  return j;
 }
 
 json to_json(const RecoveredEvent& e) {

@@ -70,6 +70,10 @@ struct FailureEvent {
   double detected_unix_time = 0;
   std::uint64_t membership_epoch = 0;
   double revoke_ms = 0, shrink_ms = 0, agree_ms = 0, spawn_ms = 0, rebuild_ms = 0, sync_ms = 0;
+  /// --device cuda (`on_device`): aborting the old NCCL communicator (before the shrink) and creating the
+  /// new one (part of rebuild_ms); written only then.
+  bool on_device = false;
+  double nccl_abort_ms = 0, nccl_init_ms = 0;
   std::int64_t resumed_step = 0;
   std::string role;
 };

@@ -1,16 +1,21 @@
 // The fabric: everything built over one view of the group, rebuilt after every change of membership.
 //
-// It owns, in order of creation, the communication backend (through the comm::Backend interface), the
-// checkpoint writer (which uses the backend), the communication algorithm (backend) and the gradient
-// bucketer (backend, algorithm; its communication thread). Members are declared in that order, so they
-// are destroyed in reverse: the bucketer's thread stops before the algorithm and the backend it uses go.
+// It owns, in order of creation, the MPI backend (a duplicate of the view's communicator), with
+// --device cuda the NCCL backend (bootstrapped through the MPI backend: rank 0's unique id is broadcast
+// over it), the checkpoint writer (MPI backend), the communication algorithm (MPI backend) and the
+// gradient bucketer (the CPU one with its communication thread over the MPI backend, or with
+// --device cuda the DeviceBucketer over NCCL). Members are declared in that order, so they are destroyed
+// in reverse: the bucketer stops before the algorithm and the backends it uses go.
 //
-//   abort()      after a failure or a missed deadline: makes every pending and future operation of the
-//                backend fail here and (ULFM revoke) at the peers, so that nothing stays blocked in the
-//                old view. Never throws. The fabric is then only good for destruction.
+//   abort()      after a failure or a missed deadline: aborts the NCCL communicator first (a rank blocked
+//                on the GPU returns; NCCL must not outlive the MPI view it was built from), then makes
+//                every pending and future MPI operation fail here and (ULFM revoke) at the peers, so that
+//                nothing stays blocked in the old view. Never throws. The fabric is then only good for
+//                destruction.
 //   destruction  a clean teardown (a planned change: every member agrees), in reverse order.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -24,8 +29,16 @@
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/core/fault.hpp"
 
+struct CUevent_st;  // cudaEvent_t
+
 namespace sinew::checkpoint {
 class Writer;
+}
+namespace sinew::comm::mpi {
+class MpiBackend;
+}
+namespace sinew::comm::nccl {
+class Api;
 }
 namespace sinew::membership {
 class Group;
@@ -51,12 +64,19 @@ struct FabricSetup {
   optim::Optimizer* optimizer = nullptr;
   std::function<double()> compute_ms;                          ///< for `--algorithm auto`
   std::function<void(const nlohmann::json&)> algorithm_event;  ///< the algorithm's own events
+  /// --device cuda: collective over the view's MPI backend, picks this member's GPU (opening it the first
+  /// time) and returns the gradients in device memory (grads' layout), which NCCL then reduces. Empty:
+  /// the CPU path.
+  std::function<float*(comm::Backend& view)> attach_device;
+  /// The NCCL entry points; null: the real library (tests put comm::nccl::FakeApi here).
+  comm::nccl::Api* nccl_api = nullptr;
 };
 
 class Fabric {
  public:
-  /// Collective over the view: duplicates its communicator, agrees on the checkpoint directory, and
-  /// (`--algorithm auto`) measures the bandwidth. Throws CommFailure/Timeout if a member fails meanwhile.
+  /// Collective over the view: duplicates its communicator, with --device cuda creates the NCCL
+  /// communicator, agrees on the checkpoint directory, and (`--algorithm auto`) measures the bandwidth.
+  /// Throws CommFailure/Timeout if a member fails meanwhile.
   Fabric(const membership::Group& group, const FabricSetup& setup);
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
@@ -64,21 +84,41 @@ class Fabric {
   Fabric& operator=(Fabric&&) = delete;
   ~Fabric();
 
-  void abort() noexcept;
+  /// Returns the milliseconds spent aborting the NCCL communicator (0 without one).
+  double abort() noexcept;
 
-  [[nodiscard]] comm::Backend& backend() noexcept { return *backend_; }
+  [[nodiscard]] comm::Backend& backend() noexcept;
   [[nodiscard]] algo::Algorithm& algorithm() noexcept { return *algorithm_; }
-  [[nodiscard]] comm::GradientBucketer& bucketer() noexcept { return *bucketer_; }
+
+  // The gradient reduction of a step, on whichever bucketer this view has.
+  /// A range of the gradients is final (CPU).
+  void mark_ready(comm::Range r);
+  /// A range of the device gradients is final once `ready` completes (--device cuda).
+  void mark_ready(comm::Range r, CUevent_st* ready);
+  /// Waits until every bucket of the step is reduced; throws CommFailure/Timeout.
+  void finish_reduction();
+  [[nodiscard]] std::size_t num_buckets() const;
+  [[nodiscard]] double last_comm_ms() const;
+  [[nodiscard]] double last_exposed_ms() const;
+  /// Bytes this rank sent for the algorithm since the last call (the algorithm's, or ByteGrad's on the GPU).
+  [[nodiscard]] std::uint64_t take_bytes_sent();
+  /// Milliseconds the NCCL communicator took to bootstrap and initialise (0 without one).
+  [[nodiscard]] double nccl_init_ms() const;
   /// Null without --checkpoint-dir.
   [[nodiscard]] checkpoint::Writer* writer() noexcept { return writer_.get(); }
-  [[nodiscard]] int rank() const { return backend_->rank(); }
-  [[nodiscard]] int size() const { return backend_->size(); }
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
 
  private:
-  std::unique_ptr<comm::Backend> backend_;
+  int rank_ = 0, size_ = 1;
+  struct Gpu;  // --device cuda: the NCCL backend and the DeviceBucketer (defined with CUDA only)
+  std::unique_ptr<comm::mpi::MpiBackend> backend_;
   std::unique_ptr<checkpoint::Writer> writer_;
   std::unique_ptr<algo::Algorithm> algorithm_;
   std::unique_ptr<comm::GradientBucketer> bucketer_;
+  // Last, so destroyed first: the DeviceBucketer, then the NCCL communicator, before the MPI backend
+  // that bootstrapped it.
+  std::unique_ptr<Gpu> gpu_;
 };
 
 }  // namespace sinew::train

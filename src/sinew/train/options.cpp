@@ -51,7 +51,8 @@ po::options_description describe(Config& c, std::string& config_file) {
       "log-level", po::value(&c.log_level)->default_value(c.log_level)->value_name("LEVEL"),
       "trace|debug|info|warn|error|off")("seed", po::value(&c.seed)->default_value(c.seed),
                                          "seed of initialisation and data order")(
-      "device", po::value(&c.device)->default_value(c.device), "cpu (cuda is reserved for the GPU release)")(
+      "device", po::value(&c.device)->default_value(c.device),
+      "cpu | cuda (a GPU per rank, gradients reduced by NCCL; docs/gpu.md)")(
       "metrics", po::value(&c.metrics)->value_name("FILE"), "write metrics as JSON Lines to FILE (rank 0)")(
       "log-every", po::value(&c.log_every)->default_value(c.log_every)->value_name("STEPS"),
       "steps between metrics lines")("progress",
@@ -160,11 +161,34 @@ po::options_description describe(Config& c, std::string& config_file) {
   SINEW_THROW(InvalidArgument, "{}; see sinew-train --help", e.what());
 }
 
-void reserved(bool used, const char* option, const char* what) {
-  if (used) {
+/// --device cuda: what runs on the GPU (docs/gpu.md). Everything else is refused here, so that nothing
+/// silently runs on the host.
+void validate_cuda(const Config& c) {
+  if (SINEW_HAVE_CUDA == 0) {
     SINEW_THROW(InvalidArgument,
-                "{} is reserved: {} is not available in Sinew {} yet; remove the option to train without it",
-                option, what, SINEW_VERSION);
+                "--device cuda: this build of Sinew has no GPU support (CMake found no CUDA toolkit or "
+                "nccl.h); rebuild with them (docs/gpu.md) or use --device cpu");
+  }
+  if (c.model.rfind("cnn", 0) == 0) {
+    SINEW_THROW(InvalidArgument,
+                "--device cuda supports the models logreg and mlp[:H1,...]; --model {} runs on --device cpu "
+                "only",
+                c.model);
+  }
+  if (c.algorithm != "gradient_allreduce" && c.algorithm != "bytegrad") {
+    SINEW_THROW(InvalidArgument,
+                "--algorithm {} runs on the CPU only; with --device cuda use gradient_allreduce or bytegrad",
+                c.algorithm);
+  }
+  if (c.algorithm == "gradient_allreduce" && c.allreduce != algo::AllreduceImpl::kMpi) {
+    SINEW_THROW(InvalidArgument,
+                "--allreduce {} runs on the CPU only; with --device cuda gradients are reduced by NCCL "
+                "(leave --allreduce at its default)",
+                name_of(algo::kAllreduceNames, c.allreduce));
+  }
+  if (c.error_feedback) {
+    SINEW_THROW(InvalidArgument,
+                "--error-feedback runs on the CPU only; with --device cuda bytegrad runs without it");
   }
 }
 
@@ -275,7 +299,7 @@ void validate(const Config& c) {
   if (c.resume.empty())
     SINEW_THROW(InvalidArgument, "--resume: empty value; use auto, never or a checkpoint path");
   one_of(c.device, {"cpu", "cuda"}, "--device");
-  reserved(c.device != "cpu", "--device cuda", "GPU training");
+  if (c.device == "cuda") validate_cuda(c);
   log::parse_level(c.log_level);
 }
 

@@ -11,6 +11,7 @@
 #include "sinew/data/sampler.hpp"
 #include "sinew/model/model.hpp"
 #include "sinew/optim/optimizer.hpp"
+#include "sinew/train/device.hpp"
 
 namespace sinew::train {
 
@@ -40,6 +41,7 @@ std::vector<std::pair<std::string, std::span<float>>> TrainState::tensors() {
 
 checkpoint::TrainingState TrainState::snapshot(algo::Algorithm& algorithm, int rank, int world,
                                                std::string config_json) {
+  if (device_ != nullptr) device_->to_host();
   const Position& p = position();
   checkpoint::TrainingState st;
   for (const auto& [name, buf] : tensors()) st.tensors[name].assign(buf.begin(), buf.end());
@@ -113,10 +115,12 @@ void TrainState::apply(const checkpoint::TrainingState& st, const std::string& p
   p.optimizer_steps = st.optimizer_steps;
   p.last_eval_epoch = st.epoch - 1;
   restore(p);
+  if (device_ != nullptr) device_->to_device();
 }
 
 double TrainState::synchronise(comm::Backend& backend, const comm::Options& op) {
   const auto t = Clock::now();
+  if (device_ != nullptr) device_->to_host();
   Position p = position();
   std::int64_t top[1] = {p.step};
   backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(top)), comm::ReduceOp::kMax, op);
@@ -128,6 +132,7 @@ double TrainState::synchronise(comm::Backend& backend, const comm::Options& op) 
   const auto all = tensors();
   for (const auto& [name, buf] : all) backend.broadcast_sync(comm::Buffer::of(buf), root, op);
   restore(p);
+  if (device_ != nullptr) device_->to_device();
   // Consistency: a checksum of everything that must be equal, compared as (max, -min).
   uLong crc = crc32(0L, Z_NULL, 0);
   auto add = [&crc](std::span<const std::byte> b) {

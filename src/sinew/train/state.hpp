@@ -7,6 +7,8 @@
 //   apply()        <- a loaded checkpoint (resume, at any world size)
 //   synchronise()  every member takes the state of the most advanced one (after a change of membership)
 // so adding a field means adding it to Position (and, if a checkpoint must carry it, to snapshot/apply).
+// With --device cuda the tensors are trained on the GPU (train/device.hpp): these three copy them to the
+// host before they read them and back after they wrote them.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,8 @@ class Optimizer;
 }
 
 namespace sinew::train {
+
+class Device;
 
 /// The learning-rate rescaling ramp after a resize (LrRescaler): factor_from -> factor_to over steps.
 struct LrRamp {
@@ -96,6 +100,9 @@ class TrainState {
   /// replacement) calls it with step -1.
   double synchronise(comm::Backend& backend, const comm::Options& op);
 
+  /// --device cuda: the GPU copy of the tensors (not owned; null: the host buffers are the ones trained).
+  void set_device(Device* device) noexcept { device_ = device; }
+
  private:
   void restore(const Position& p);
 
@@ -104,6 +111,7 @@ class TrainState {
   data::DistributedSampler& sampler_;
   std::uint64_t seed_;
   Position pos_;
+  Device* device_ = nullptr;
 };
 
 }  // namespace sinew::train

@@ -21,6 +21,7 @@
 #include "sinew/train/audit.hpp"
 #include "sinew/train/checkpoints.hpp"
 #include "sinew/train/control.hpp"
+#include "sinew/train/device.hpp"
 #include "sinew/train/elastic.hpp"
 #include "sinew/train/events.hpp"
 #include "sinew/train/fabric.hpp"
@@ -55,6 +56,10 @@ algo::AlgorithmOptions algorithm_options(const Config& c) {
   o.comm_interval = c.comm_interval;
   o.sync_interval_ms = c.sync_interval_ms;
   return o;
+}
+
+optim::OptimizerOptions optimizer_options(const Config& c) {
+  return {c.optimizer, c.momentum, c.weight_decay, c.nesterov};
 }
 
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
@@ -95,6 +100,7 @@ struct Trainer::Impl {
   data::DataSplit data;
   model::Model net;
   std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<Device> device;  // --device cuda: opened by the first fabric (attach_device)
   data::DistributedSampler sampler;
   TrainState state;
   Events events;
@@ -123,8 +129,7 @@ struct Trainer::Impl {
         data(data::load_dataset(dataset_options(cfg))),
         net(model::Model::build(cfg.model, {data.train.channels, data.train.height, data.train.width},
                                 data.train.num_classes, cfg.seed)),
-        optimizer(optim::make_optimizer({cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.nesterov},
-                                        net.num_params())),
+        optimizer(optim::make_optimizer(optimizer_options(cfg), net.num_params())),
         sampler(data.train.size(), cfg.seed, /*shuffle=*/true),
         state(net, *optimizer, sampler, cfg.seed),
         // A relaunch by the supervisor (restart mode) appends to the first launch's metrics.
@@ -146,6 +151,7 @@ struct Trainer::Impl {
       elastic.connect();
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
       fabric().backend().broadcast_sync(comm::Buffer::of(net.params()), 0, setup.op);
+      if (device) device->to_device();
       checkpoints.resume(fabric());
       lr.start(state.pos(), group.size());
     }
@@ -180,7 +186,21 @@ struct Trainer::Impl {
       if (group.rank() == 0)
         spdlog::info("algorithm: {} ({})", ev.value("chosen", ""), ev.value("reason", ""));
     };
+    if (cfg.device == "cuda") s.attach_device = [this](comm::Backend& view) { return attach_device(view); };
     return s;
+  }
+
+  /// --device cuda, in every fabric's construction (collective): a member keeps its GPU; the first
+  /// fabric of a member (at launch, or a spawned replacement's) picks a free one and copies the model
+  /// there.
+  float* attach_device(comm::Backend& view) {
+    const int d = choose_device(view, setup.op, device ? device->index() : -1);
+    if (!device) {
+      device = Device::open(net, *optimizer, optimizer_options(cfg), d);
+      state.set_device(device.get());
+      if (view.rank() == 0) spdlog::info("training on one GPU per rank; rank 0 on {}", device->describe());
+    }
+    return device->grads();
   }
 
   /// One step's forward and backward on this rank's batch, without communication (median of 3, ms): what
@@ -226,6 +246,12 @@ struct Trainer::Impl {
       x.resize(test.dim(), static_cast<Eigen::Index>(m));
       labels.resize(m);
       test.gather(idx, x.data(), labels.data());
+      if (device) {
+        const auto [loss_sum, correct] = device->evaluate(x.data(), labels.data(), m);
+        sums[0] += loss_sum;
+        sums[1] += static_cast<double>(correct);
+        continue;
+      }
       const Matrix& logits = net.forward(x);
       sums[0] += model::softmax_cross_entropy(logits, labels, dlogits, 1.0);
       sums[1] += static_cast<double>(model::count_correct(logits, labels));
@@ -283,10 +309,19 @@ struct Trainer::Impl {
         for (std::size_t i = 0; i < r.count; ++i) g[i] += a[i];
       }
       if (!reduce) return;
-      f.bucketer().mark_ready({r.offset, r.count});
+      f.mark_ready({r.offset, r.count});
       if (first_ready) {
         first_ready = false;
         faults.at(Point::kAllreduce, next);  // the peers are now inside the gradient allreduce
+      }
+    };
+    // On the GPU a range is final when its event is.
+    auto ready_on_device = [&](model::ParamRange r, Device::Event e) {
+      if (!reduce) return;
+      f.mark_ready({r.offset, r.count}, e);
+      if (first_ready) {
+        first_ready = false;
+        faults.at(Point::kAllreduce, next);
       }
     };
     for (std::size_t j = 0; j < k; ++j) {
@@ -294,6 +329,22 @@ struct Trainer::Impl {
       const auto batch = sampler.peek_range(rank, world, offset, std::min(micro, total - offset));
       audit.record(generation, group.epoch(), next, sampler.epoch(), batch.indices);
       const bool last = j + 1 == k;
+      if (device) {
+        // On the GPU the micro-batches accumulate in device memory, and an empty one (the epoch's last
+        // step can leave a rank without samples) leaves zeros or adds nothing.
+        const std::size_t n = batch.indices.size();
+        if (n > 0) {
+          if (j == 0) faults.at(Point::kForward, next);
+          x_.resize(data.train.dim(), static_cast<Eigen::Index>(n));
+          labels_.resize(n);
+          data.train.gather(batch.indices, x_.data(), labels_.data());
+          if (j == 0) faults.at(Point::kBackward, next);
+        }
+        local_loss += device->train_batch(x_.data(), labels_.data(), n, static_cast<double>(total),
+                                          /*accumulate=*/j > 0,
+                                          last ? Device::ReadyFn(ready_on_device) : Device::ReadyFn());
+        continue;
+      }
       if (!batch.indices.empty()) {
         if (j == 0) faults.at(Point::kForward, next);
         const auto n = static_cast<Eigen::Index>(batch.indices.size());
@@ -322,21 +373,25 @@ struct Trainer::Impl {
     }
     double comm_ms = 0;
     if (reduce) {
-      f.bucketer().finish();
-      comm_ms = f.bucketer().last_comm_ms();
+      f.finish_reduction();
+      comm_ms = f.last_comm_ms();
     }
     // Without a gradient reduction the algorithm communicates in its step (qadam) or after it: the peers
     // are about to enter that exchange.
     if (!reduce) faults.at(Point::kAllreduce, next);
     faults.at(Point::kOptimizer, next);
-    f.algorithm().step(next, rate);
+    if (device) {
+      device->optimizer_step(rate);
+    } else {
+      f.algorithm().step(next, rate);
+    }
     const auto ta = Clock::now();
     f.algorithm().after_step(next);
     if (!reduce) comm_ms += ms_since(ta);
     sampler.advance(total);
     state.pos().step = next;
     const double step_ms = ms_since(ts);
-    const auto sent = f.algorithm().take_bytes_sent();
+    const auto sent = f.take_bytes_sent();
     stats.bytes_sent += sent;
     sum.bytes_sent += sent;
     stats.step_ms += step_ms;
@@ -381,7 +436,7 @@ struct Trainer::Impl {
     e.samples_per_s = std::round(sps);
     e.step_ms = stats.step_ms / steps;
     e.comm_ms = stats.comm_ms / steps;
-    e.exposed_comm_ms = f.bucketer().last_exposed_ms();
+    e.exposed_comm_ms = f.last_exposed_ms();
     e.bytes_sent_per_step = static_cast<double>(stats.bytes_sent) / steps;
     events.emit(e);
     if (f.rank() == 0 && cfg.progress && seconds_since(stats.last_progress) > 2.0) {
@@ -482,7 +537,7 @@ struct Trainer::Impl {
     e.batch_size = cfg.batch_size;
     e.global_batch = lr.step_batch(f.size());
     e.steps = total;
-    e.buckets = f.bucketer().num_buckets();
+    e.buckets = f.num_buckets();
     e.elastic = name_of(kElasticNames, cfg.elastic);
     e.mpi = mpi::library_version();
     e.ulfm = mpi::ulfm_enabled();
