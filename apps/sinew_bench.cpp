@@ -35,6 +35,7 @@
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/comm/ring/backend.hpp"
+#include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/core/timer.hpp"
@@ -42,6 +43,13 @@
 #include "sinew/mpi/check.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/trainer.hpp"
+#if SINEW_HAVE_CUDA
+#include "sinew/comm/nccl/api.hpp"
+#include "sinew/comm/nccl/backend.hpp"
+#include "sinew/comm/nccl/bucketer.hpp"
+#include "sinew/cuda/buffer.hpp"
+#include "sinew/cuda/device.hpp"
+#endif
 
 namespace po = boost::program_options;
 using namespace sinew;
@@ -96,7 +104,8 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
       "iters", po::value(&iters)->default_value(iters), "timed iterations per size")(
       "warmup", po::value(&warmup)->default_value(warmup), "untimed iterations per size")(
       "impl", po::value(&impl)->default_value(impl),
-      "mpi (bucketed MPI_Allreduce, the training path), ring (Sinew's ring), bytegrad (8-bit compressed)")(
+      "mpi (bucketed MPI_Allreduce, the training path), ring (Sinew's ring), bytegrad (8-bit compressed), "
+      "nccl (GPU buffers, bucketed NCCL allreduce: the --device cuda path)")(
       "chunk", po::value(&chunk)->default_value(chunk), "bytegrad: elements per quantisation chunk")(
       "json", po::value(&json), "also write the rows as JSON to this file");
   po::variables_map vm;
@@ -107,22 +116,38 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     SINEW_THROW(InvalidArgument, "{}; see sinew-bench allreduce --help", e.what());
   }
   if (min_bytes < 4 || max_bytes < min_bytes || iters < 1 || warmup < 0 || layer_kib < 1 ||
-      !(bucket_mb > 0) || chunk < 1 || (impl != "mpi" && impl != "ring" && impl != "bytegrad")) {
+      !(bucket_mb > 0) || chunk < 1 ||
+      (impl != "mpi" && impl != "ring" && impl != "bytegrad" && impl != "nccl")) {
     SINEW_THROW(InvalidArgument,
                 "sinew-bench allreduce: need 4 <= min-bytes <= max-bytes, iters >= 1, warmup >= 0, "
-                "layer-kib >= 1, bucket-mb > 0, chunk >= 1, impl mpi, ring or bytegrad");
+                "layer-kib >= 1, bucket-mb > 0, chunk >= 1, impl mpi, ring, bytegrad or nccl");
   }
   const char* label = impl == "mpi" ? "sinew" : impl.c_str();
   const int rank = world.rank(), n = world.size();
   comm::mpi::MpiBackend backend(world);
+#if SINEW_HAVE_CUDA
+  // The GPU path: buffers in device memory, NCCL bootstrapped over the MPI backend (as a fabric does).
+  std::optional<comm::nccl::NcclBackend> nccl;
+  if (impl == "nccl") {
+    sinew::cuda::select_device(world.get());
+    nccl.emplace(backend, comm::nccl::real_api(), comm::Options{});
+  }
+#else
+  if (impl == "nccl")
+    SINEW_THROW(InvalidArgument, "sinew-bench allreduce --impl nccl: this build of Sinew has no GPU support");
+#endif
   mpi::Communicator plain = world.dup();
   const double factor = 2.0 * (n - 1) / n;
   if (rank == 0) {
-    const std::string setup = impl == "mpi"
-                                  ? fmt::format("bucket {:.1f} MiB, overlap {}, layer ranges {} KiB",
-                                                bucket_mb, overlap ? "on" : "off", layer_kib)
-                              : impl == "ring" ? std::string("ring on the whole buffer")
-                                               : fmt::format("bytegrad on the whole buffer, chunk {}", chunk);
+    const std::string setup =
+        impl == "mpi"    ? fmt::format("bucket {:.1f} MiB, overlap {}, layer ranges {} KiB", bucket_mb,
+                                    overlap ? "on" : "off", layer_kib)
+        : impl == "ring" ? std::string("ring on the whole buffer")
+        : impl == "nccl" ? fmt::format(
+                               "NCCL on GPU buffers, bucket {:.1f} MiB, layer ranges {} KiB; "
+                               "MPI_Allreduce on host buffers (the CPU path)",
+                               bucket_mb, layer_kib)
+                         : fmt::format("bytegrad on the whole buffer, chunk {}", chunk);
     std::printf("# sinew-bench allreduce: %d ranks, %s, %s\n", n, mpi::library_version().c_str(),
                 setup.c_str());
     std::printf("# busbw = algbw * 2(n-1)/n\n");
@@ -151,6 +176,17 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     bo.overlap = overlap;
     std::optional<comm::GradientBucketer> bucketer;
     if (impl == "mpi") bucketer.emplace(backend, buf, ranges, bo);
+#if SINEW_HAVE_CUDA
+    std::optional<sinew::cuda::DeviceBuffer<float>> dev;
+    std::optional<comm::nccl::DeviceBucketer> dev_bucketer;
+    if (nccl) {
+      dev.emplace(count);
+      dev->zero(nccl->stream());
+      comm::nccl::DeviceBucketOptions dbo;
+      dbo.bucket_bytes = bo.bucket_bytes;
+      dev_bucketer.emplace(*nccl, dev->data(), count, ranges, std::move(dbo));
+    }
+#endif
     algo::CommStats stats;
     comm::ring::RingBackend ring(backend, &stats);
     const auto reduce = [&] {
@@ -158,6 +194,11 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
         ring.allreduce_sync(comm::Buffer::of(std::span<float>(buf)), comm::ReduceOp::kSum, bo.op);
       } else if (impl == "bytegrad") {
         algo::compressed_allreduce(backend, buf, chunk, {}, bo.op, &stats);
+      } else if (impl == "nccl") {
+#if SINEW_HAVE_CUDA
+        for (const auto& r : ranges) dev_bucketer->mark_ready(r, nullptr);  // final at once
+        dev_bucketer->finish();
+#endif
       } else {
         for (const auto& r : ranges) bucketer->mark_ready(r);
         bucketer->finish();
@@ -170,7 +211,13 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     row.sinew_us = time_collective(world.get(), warmup, iters, reduce);
     fill(buf, rank);
     stats = {};
+#if SINEW_HAVE_CUDA
+    if (dev) dev->upload(buf, nccl->stream());
     reduce();
+    if (dev) dev->download(buf, nccl->stream());
+#else
+    reduce();
+#endif
     // ByteGrad's bound (algo/collectives.hpp) with fill()'s ranges, 6(k+1) at rank k and 6n(n+1)/2 for
     // the sum: sum_k 6(k+1)/510 + 6n(n+1)/2/510, plus 1 % for the first stage's error in the sum.
     const float tol = impl == "bytegrad" ? 6.f * static_cast<float>(n * (n + 1)) / 510.f * 1.01f : 0.f;
@@ -251,6 +298,7 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
       "steps", po::value(&c.max_steps)->default_value(c.max_steps), "timed steps")(
       "warmup", po::value(&warmup_steps)->default_value(warmup_steps), "untimed steps first")(
       "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd | adam")(
+      "device", po::value(&c.device)->default_value(c.device), "cpu | cuda")(
       "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "bucket size")(
       "overlap", po::value(&c.overlap)->default_value(c.overlap), "overlap communication")(
       "checkpoint-dir", po::value(&c.checkpoint_dir), "also checkpoint into this directory")(
@@ -275,11 +323,12 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
   train::Trainer(warm, world).run();
   const auto s = train::Trainer(c, world).run();
   if (world.rank() == 0) {
-    std::printf("# sinew-bench train-step: %s, %d ranks x batch %zu, %s, %lld steps\n", c.model.c_str(),
-                world.size(), c.batch_size, c.optimizer.c_str(), static_cast<long long>(s.steps));
+    std::printf("# sinew-bench train-step: %s on %s, %d ranks x batch %zu, %s, %lld steps\n", c.model.c_str(),
+                c.dataset.c_str(), world.size(), c.batch_size, c.optimizer.c_str(),
+                static_cast<long long>(s.steps));
     std::printf("%-8s %6s %6s %12s %12s %14s\n", "impl", "ranks", "batch", "step_ms", "comm_ms", "samples/s");
-    std::printf("%-8s %6d %6zu %12.3f %12.3f %14.0f\n", "sinew", world.size(), c.batch_size, s.mean_step_ms,
-                s.mean_comm_ms, s.samples_per_s);
+    std::printf("%-8s %6d %6zu %12.3f %12.3f %14.0f\n", c.device == "cuda" ? "sinew-gpu" : "sinew",
+                world.size(), c.batch_size, s.mean_step_ms, s.mean_comm_ms, s.samples_per_s);
     if (!c.checkpoint_dir.empty()) {
       const double ckpt = s.checkpoint_ms / static_cast<double>(s.steps);
       std::printf(
@@ -289,6 +338,7 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
     }
     if (!json.empty()) {
       std::ofstream(json) << nlohmann::json{{"impl", "sinew"},
+                                            {"device", c.device},
                                             {"model", c.model},
                                             {"ranks", world.size()},
                                             {"batch", c.batch_size},
