@@ -1,0 +1,678 @@
+#!/usr/bin/python3
+"""Chaos driver: seeded, randomized compound failures against in-place recovery (issue 11, item 7).
+
+Each trial is a short Fashion-MNIST sinew-train job under Open MPI with ULFM (4 ranks, 6 for the 3-of-6
+pattern) with 1-3 ranks killed, rank 0 included:
+
+  inject     --inject-fault RANK:POINT:STEP at a named point (forward, backward, allreduce, optimizer,
+             recovery, spawn, the checkpoint writer's points; src/sinew/core/fault.hpp);
+  external   kill -9 of a launch rank's pid from here, at a step, or a small random delay after an earlier
+             kill (simultaneous, during the recovery, during the spawn of a replacement).
+
+The algorithm (one of the CPU ones that recover in place), checkpoints and growth are drawn at random too.
+The trial's plan depends only on --seed and its number, and is printed, so `--only K` replays one trial.
+
+A trial passes when mpirun exits 0 before the deadline, the `done` event is written, the test accuracy
+is at most --tolerance points below a failure-free reference run of the same configuration (run once per
+configuration, cached in --out), and the exactly-once audit (mpi_scripts/check-audit.py) holds. A failed
+trial is classified from its exit status, metrics and output (hang before/after done, nonzero exit after or
+before done, the spawn watchdog's abort, a rank exiting on MPI_ERR_REVOKED or another error, accuracy,
+audit), with the evidence lines.
+
+Patterns live in one registry (PATTERNS): a relation pattern draws a further kill relative to an earlier
+one; a tag pattern only classifies plans. Hot spares and link cuts are registered as not available.
+
+usage: chaos.py [--trials N] [--seed S] [--only K[,K...]] [--patterns P,...] [--deadline S] [--out DIR]
+                [--json FILE] [--dry-run] [--rejudge RESULTS]
+       (run from the repository root with /usr/bin/python3; exit 0 all passed, 1 some failed,
+       77 ULFM or Fashion-MNIST missing)
+"""
+import argparse
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+# The job of every trial. 3 epochs of 8192 samples at 4 x 64 is 96 steps; with the start-up (data
+# loading on 2 cores) a failure-free trial takes about 15 s, one with a spawned replacement about 20-25 s.
+LIMIT_TRAIN = 8192
+LIMIT_TEST = 2000
+EPOCHS = 3
+BATCH = 64
+STEP_SLEEP_MS = 20  # so that external kills land mid-run
+CHECKPOINT_EVERY = 20
+TIMEOUT_MS = 15000  # deadline of every collective (and of the spawn watchdog)
+
+TRAIN_POINTS = ["forward", "backward", "allreduce", "optimizer"]
+CHECKPOINT_POINTS = ["before-shard-data", "after-shard-data", "before-fsync", "before-manifest",
+                     "before-rename"]
+COMMIT_POINTS = {"before-manifest", "before-rename"}  # only on the committing rank (view rank 0)
+
+# CPU algorithms with an in-place recovery scenario (tests/cli/elastic_scenarios.sh algo-*), with the
+# options those scenarios use. `auto` is left out: its choice depends on timing, so its reference would not
+# be the same configuration.
+ALGORITHMS = {
+    "gradient_allreduce": [],
+    "ring": ["--algorithm", "gradient_allreduce", "--allreduce", "ring"],
+    "bytegrad": ["--algorithm", "bytegrad", "--error-feedback", "true"],
+    "qadam": ["--algorithm", "qadam", "--optimizer", "adam", "--qadam-warmup-steps", "30", "--lr", "0.002"],
+    "decentralized": ["--algorithm", "decentralized", "--peer-selection", "shift_one"],
+    "low_precision_decentralized": ["--algorithm", "low_precision_decentralized"],
+    "async": ["--algorithm", "async"],
+}
+
+
+@dataclasses.dataclass
+class Kill:
+    """One planned kill. `how` is inject (--inject-fault) or external (kill -9 from the driver). An external
+    kill with `after` set fires `delay_s` after kill number `after` of the trial; without, at metrics step
+    `step`."""
+    rank: int
+    how: str
+    relation: str  # the pattern that drew it: first, sequential, simultaneous, during-recovery, ...
+    step: int = 0
+    point: str = ""
+    after: int = -1
+    delay_s: float = 0.0
+
+    def spec(self):
+        return f"{self.rank}:{self.point}:{self.step}"
+
+    def describe(self):
+        if self.how == "inject":
+            return f"inject {self.spec()}"
+        if self.after >= 0:
+            return f"kill -9 r{self.rank} {1000 * self.delay_s:.0f}ms after #{self.after + 1}"
+        return f"kill -9 r{self.rank} at step {self.step}"
+
+
+@dataclasses.dataclass
+class Plan:
+    index: int
+    n: int
+    algorithm: str
+    checkpoints: bool
+    grow: bool
+    kills: list
+
+    def steps(self):
+        """Steps of the failure-free run (more after a shrink)."""
+        per_epoch = -(-LIMIT_TRAIN // (self.n * BATCH))
+        return EPOCHS * per_epoch
+
+    def reference_key(self):
+        """What the failure-free reference depends on (checkpoints and growth do not change training)."""
+        return f"n{self.n}-{self.algorithm}"
+
+    def options(self, d):
+        o = ["--dataset", "fashion-mnist", "--limit-train", str(LIMIT_TRAIN), "--limit-test", str(LIMIT_TEST),
+             "--model", "mlp:64", "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--progress", "false",
+             "--log-every", "1", "--step-sleep-ms", str(STEP_SLEEP_MS), "--timeout-ms", str(TIMEOUT_MS),
+             "--metrics", f"{d}/metrics.jsonl", "--audit-dir", f"{d}/audit",
+             "--grow", "true" if self.grow else "false", *ALGORITHMS[self.algorithm]]
+        if self.checkpoints:
+            o += ["--checkpoint-dir", f"{d}/ckpt", "--checkpoint-every", str(CHECKPOINT_EVERY)]
+        for k in self.kills:
+            if k.how == "inject":
+                o += ["--inject-fault", k.spec()]
+        return o
+
+    def describe(self):
+        kills = "; ".join(k.describe() for k in self.kills) or "none"
+        return (f"n={self.n} algo={self.algorithm} ckpt={'on' if self.checkpoints else 'off'} "
+                f"grow={'on' if self.grow else 'off'} kills=[{kills}]")
+
+
+# ---- the pattern registry -------------------------------------------------------------------------------
+# A relation pattern draws the next kill from the previous one (`draw`); a tag pattern classifies a plan
+# (`matches`). `available` False: registered so that the summary shows it, never drawn (the trainer lacks
+# the feature). To add one: write draw or matches, append a Pattern.
+
+
+def _free_rank(rng, plan):
+    taken = {k.rank for k in plan.kills}
+    return rng.choice([r for r in range(plan.n) if r not in taken])
+
+
+def _training_step(rng, plan, lo):
+    hi = int(0.8 * plan.steps())
+    return rng.randint(min(lo, hi), hi)
+
+
+def draw_first(rng, plan, prev):
+    """A kill at a step: a named training or checkpoint point, or kill -9 from outside."""
+    return _draw_at_step(rng, plan, 8, "first")
+
+
+def draw_sequential(rng, plan, prev):
+    """A later kill at a step of its own, after the previous recovery."""
+    return _draw_at_step(rng, plan, prev.step + 8, "sequential")
+
+
+def _draw_at_step(rng, plan, lo, relation):
+    rank = _free_rank(rng, plan)
+    step = _training_step(rng, plan, lo)
+    roll = rng.random()
+    if roll < 0.3:
+        return Kill(rank, "external", relation, step=step)
+    if plan.checkpoints and roll < 0.45:
+        ckpts = [s for s in range(CHECKPOINT_EVERY, int(0.8 * plan.steps()) + 1, CHECKPOINT_EVERY) if s >= lo]
+        if ckpts:
+            point = rng.choice(CHECKPOINT_POINTS)
+            if point in COMMIT_POINTS:  # fires only on view rank 0: the lowest launch rank still alive
+                alive = [r for r in range(plan.n) if r not in {k.rank for k in plan.kills}]
+                rank = alive[0]
+            return Kill(rank, "inject", relation, step=rng.choice(ckpts), point=point)
+    return Kill(rank, "inject", relation, step=step, point=rng.choice(TRAIN_POINTS))
+
+
+def draw_simultaneous(rng, plan, prev):
+    """Another rank dies at the same moment: the same point of the same step, or kill -9 0-10 ms later."""
+    rank = _free_rank(rng, plan)
+    if prev.how == "inject" and prev.point in TRAIN_POINTS and rng.random() < 0.5:
+        return Kill(rank, "inject", "simultaneous", step=prev.step, point=prev.point)
+    return Kill(rank, "external", "simultaneous", step=prev.step, after=plan.kills.index(prev),
+                delay_s=round(rng.uniform(0.0, 0.010), 4))
+
+
+def draw_during_recovery(rng, plan, prev):
+    """A survivor dies while the others recover: at the recovery point, or kill -9 10-40 ms after the
+    previous kill (detection takes ~17 ms, revoke/shrink/agree a few ms, docs/fault-tolerance.md)."""
+    rank = _free_rank(rng, plan)
+    if rng.random() < 0.5:
+        return Kill(rank, "inject", "during-recovery", step=prev.step, point="recovery")
+    return Kill(rank, "external", "during-recovery", step=prev.step, after=plan.kills.index(prev),
+                delay_s=round(rng.uniform(0.010, 0.040), 4))
+
+
+def draw_during_spawn(rng, plan, prev):
+    """A member dies while the group spawns a replacement: at the spawn point, or kill -9 0.3-2.5 s after the
+    previous kill (the spawn and the newcomer's data loading take ~3.5 s on this machine)."""
+    rank = _free_rank(rng, plan)
+    if rng.random() < 0.5:
+        return Kill(rank, "inject", "during-spawn", step=prev.step, point="spawn")
+    return Kill(rank, "external", "during-spawn", step=prev.step, after=plan.kills.index(prev),
+                delay_s=round(rng.uniform(0.3, 2.5), 3))
+
+
+@dataclasses.dataclass
+class Pattern:
+    name: str
+    summary: str
+    available: bool = True
+    draw: object = None  # relation pattern: (rng, plan, previous kill) -> Kill
+    weight: float = 1.0  # relative chance among the relation patterns that apply
+    applies: object = None  # relation pattern: plan -> whether it can be drawn for this plan
+    matches: object = None  # tag pattern: plan -> bool (relation patterns match by the kills' relation)
+
+    def in_plan(self, plan):
+        if self.matches:
+            return self.matches(plan)
+        return any(k.relation == self.name for k in plan.kills)
+
+
+PATTERNS = [
+    Pattern("single", "one kill only", matches=lambda plan: len(plan.kills) == 1),
+    Pattern("sequential", "kills at separate steps", draw=draw_sequential,
+            applies=lambda plan: plan.kills[-1].step + 8 <= int(0.8 * plan.steps())),
+    Pattern("simultaneous", "two ranks die at once", draw=draw_simultaneous),
+    Pattern("during-recovery", "a survivor dies during the recovery", draw=draw_during_recovery),
+    Pattern("during-spawn", "a member dies during the spawn of a replacement", draw=draw_during_spawn,
+            applies=lambda plan: plan.grow),
+    Pattern("rank0", "launch rank 0 killed", matches=lambda plan: any(k.rank == 0 for k in plan.kills)),
+    Pattern("external", "a kill -9 from outside", matches=lambda plan: any(k.how == "external" for k in plan.kills)),
+    Pattern("checkpoint", "killed inside the checkpoint writer",
+            matches=lambda plan: any(k.point in CHECKPOINT_POINTS for k in plan.kills)),
+    Pattern("3-of-6", "3 of 6 ranks killed", matches=lambda plan: plan.n == 6),
+    Pattern("grow", "replacements spawned", matches=lambda plan: plan.grow),
+    Pattern("spares", "a hot spare takes over (--spares: not implemented yet)", available=False),
+    Pattern("link-cuts", "a network link cut (not implemented yet)", available=False),
+]
+
+
+def make_plan(seed, index):
+    """The plan of trial `index`: a function of (seed, index) only, so that one trial can be replayed."""
+    rng = random.Random(f"sinew-chaos:{seed}:{index}")
+    n = 6 if rng.random() < 0.12 else 4
+    plan = Plan(index, n, rng.choice(sorted(ALGORITHMS)), rng.random() < 0.5, rng.random() < 0.5, [])
+    count = 3 if n == 6 else rng.choices([1, 2, 3], weights=[1, 2, 1])[0]
+    plan.kills.append(draw_first(rng, plan, None))
+    while len(plan.kills) < count:
+        prev = plan.kills[-1]
+        relations = [p for p in PATTERNS if p.available and p.draw and (p.applies is None or p.applies(plan))]
+        pattern = rng.choices(relations, weights=[p.weight for p in relations])[0]
+        plan.kills.append(pattern.draw(rng, plan, prev))
+    return plan
+
+
+# ---- running a trial ------------------------------------------------------------------------------------
+
+
+def mpi_env():
+    """SINEW_MPIRUN and its flags from mpi_scripts/env.sh, and whether it is the ULFM Open MPI."""
+    out = subprocess.run(["bash", "-c", f". {ROOT}/mpi_scripts/env.sh; echo \"$SINEW_MPI_PREFIX\"; "
+                          "echo \"$SINEW_MPIRUN\"; printf '%s\\n' \"${SINEW_MPIRUN_FLAGS[@]}\""],
+                         capture_output=True, text=True, check=True, timeout=30).stdout.split("\n")
+    prefix, mpirun, flags = out[0], out[1], [f for f in out[2:] if f]
+    return mpirun, flags, mpirun == os.path.join(prefix, "bin/mpirun") and "ulfm" in flags
+
+
+def procs_of(d):
+    """Pids of processes whose command line mentions the trial directory (sinew-train and its spawns)."""
+    pids = []
+    for p in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(p, "rb") as f:
+                if d.encode() in f.read():
+                    pids.append(int(p.split("/")[2]))
+        except OSError:  # the process ended while we looked
+            continue
+    return [p for p in pids if p != os.getpid()]
+
+
+def kill9(pid):
+    """SIGKILL, for a process of the job that may have exited since it was listed."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended on its own in between: nothing left to stop
+
+
+def launch_rank(pid):
+    """The launch rank of a process started by mpirun (None for spawned ones: their world is not the job's)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    except OSError:
+        return None
+    if b"OMPI_COMM_WORLD_RANK" not in env:
+        return None
+    return int(env[b"OMPI_COMM_WORLD_RANK"]), int(env.get(b"OMPI_COMM_WORLD_SIZE", b"0"))
+
+
+class Follower:
+    """Reads a growing file incrementally."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.buf = path, 0, ""
+
+    def new_lines(self):
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, errors="replace") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+            self.offset = f.tell()
+        self.buf += chunk
+        *lines, self.buf = self.buf.split("\n")
+        return lines
+
+
+INJECTED = re.compile(r"injected fault: killing launch rank (\d+) at phase (\S+) of step (\d+) \(unix_time ([0-9.]+)\)")
+
+
+def gone(pid):
+    """Whether a process has died (exited, or a zombie not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+class Watcher:
+    """Follows a running job: its metrics (the highest step), the launch ranks' pids, when each planned kill
+    happened (injected ones from their output line or from the pid's death), and does the external kills
+    when they are due."""
+
+    def __init__(self, plan, d):
+        self.plan, self.d = plan, d
+        self.metrics, self.output = Follower(f"{d}/metrics.jsonl"), Follower(f"{d}/out.txt")
+        self.step, self.pids, self.last_scan = 0, {}, 0.0
+        self.fired = [None] * len(plan.kills)  # unix time of each kill, -1 if its target was already gone
+        self.notes = []
+
+    def read(self):
+        for line in self.metrics.new_lines():
+            if '"loss"' in line and '"step"' in line:
+                self.step = max(self.step, json.loads(line).get("step", 0))
+        for line in self.output.new_lines():
+            m = INJECTED.search(line)
+            if m:
+                for i, k in enumerate(self.plan.kills):
+                    if k.how == "inject" and k.rank == int(m.group(1)):
+                        self.fired[i] = float(m.group(4))  # the exact time, even if seen dead earlier
+
+    def find_pids(self):
+        """The launch ranks' pids, once training started and before any kill (rate-limited: /proc scans)."""
+        if len(self.pids) == self.plan.n or self.step == 0 or any(self.fired) or time.time() - self.last_scan < 0.05:
+            return
+        self.last_scan = time.time()
+        for p in procs_of(self.d):
+            lr = launch_rank(p)
+            if lr and lr[1] == self.plan.n:  # spawned replacements have a world of their own
+                self.pids[lr[0]] = p
+
+    def poll(self):
+        """One round; returns how long to sleep before the next."""
+        self.read()
+        self.find_pids()
+        now = time.time()
+        wait = 0.02
+        for i, k in enumerate(self.plan.kills):
+            if self.fired[i] is not None or k.rank not in self.pids:
+                continue
+            if k.how == "inject":
+                if gone(self.pids[k.rank]):
+                    self.fired[i] = now
+                continue
+            if k.after >= 0:
+                if self.fired[k.after] is None:
+                    wait = 0.002  # the trigger may come any moment: stay close to it
+                    continue
+                due = self.fired[k.after] + k.delay_s
+            else:
+                due = now if self.step >= k.step else None
+            if due is None:
+                continue
+            if now < due:
+                wait = min(wait, due - now)
+                continue
+            if gone(self.pids[k.rank]):
+                self.notes.append(f"kill #{i + 1}: launch rank {k.rank} had already exited")
+                self.fired[i] = -1.0
+                continue
+            os.kill(self.pids[k.rank], signal.SIGKILL)
+            self.fired[i] = time.time()
+        return wait
+
+
+def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
+    """Runs one job with its external kills; returns what happened. The job's directory is removed, its
+    output and metrics are copied to keep_dir."""
+    d = tempfile.mkdtemp(prefix=f"sinew-chaos-{plan.index}-")
+    try:
+        cmd = [mpirun, *flags, "-n", str(plan.n), train, *plan.options(d)]
+        with open(f"{d}/out.txt", "w") as out:
+            t0 = time.time()
+            job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            w = Watcher(plan, d)
+            rc = None
+            while rc is None and time.time() - t0 < deadline_s:
+                time.sleep(w.poll())
+                rc = job.poll()
+            wall = time.time() - t0
+            hung = rc is None
+            if hung:
+                os.killpg(job.pid, signal.SIGKILL)
+                rc = job.wait(timeout=30)
+        w.read()  # kills reported after the last poll
+        left = procs_of(d)
+        for p in left:
+            kill9(p)
+        if left:
+            w.notes.append(f"{len(left)} process(es) of the job still running after mpirun ended: killed")
+        audit = None
+        if glob.glob(f"{d}/audit/audit-*.txt"):
+            a = subprocess.run([sys.executable, f"{ROOT}/mpi_scripts/check-audit.py", f"{d}/audit",
+                                "--dataset-size", str(LIMIT_TRAIN), "--epochs", str(EPOCHS)],
+                               capture_output=True, text=True, timeout=120)
+            audit = {"ok": a.returncode == 0, "output": (a.stdout + a.stderr).strip().splitlines()[-5:]}
+        os.makedirs(keep_dir, exist_ok=True)
+        for name in ("out.txt", "metrics.jsonl"):
+            if os.path.exists(f"{d}/{name}"):
+                shutil.copy(f"{d}/{name}", f"{keep_dir}/{name}")
+        with open(f"{d}/out.txt", errors="replace") as f:
+            text = f.read()
+        events = []
+        if os.path.exists(f"{d}/metrics.jsonl"):
+            with open(f"{d}/metrics.jsonl") as f:
+                events = [json.loads(l) for l in f if l.strip() and '"event"' in l]
+        # When each kill happened, in seconds after the first one (None: it did not happen).
+        first = min((f for f in w.fired if f and f > 0), default=None)
+        times = [round(f - first, 3) if f and f > 0 else None for f in w.fired]
+        return {"rc": rc, "hung": hung, "wall_s": round(wall, 1), "fired": [t is not None for t in times],
+                "kill_times_s": times, "notes": w.notes, "audit": audit, "events": events, "text": text}
+    finally:
+        for p in procs_of(d):  # an exception above must not leave processes behind
+            kill9(p)
+        shutil.rmtree(d)
+
+
+# ---- judging --------------------------------------------------------------------------------------------
+
+# (class, regular expression over the output whose lines are the evidence)
+ERROR_EXIT = re.compile(r"sinew: error:")  # a rank that gave up (any other error)
+REVOKED_EXIT = re.compile(r"(sinew: error:|\[error\]|\[critical\]).*MPI_ERR_REVOKED")
+WATCHDOG = re.compile(r"did not complete within \d+ ms; aborting the job")
+
+
+def evidence(text, pattern, skip=None, limit=4):
+    lines = ["".join(c if c.isprintable() else "?" for c in l[:300])  # output can hold stray bytes
+             for l in text.splitlines() if pattern.search(l) and not (skip and skip.search(l))]
+    return lines[:limit]
+
+
+def judge(r, reference, tolerance):
+    """Classes of failure of a run (empty: passed), each with evidence lines."""
+    done = [e for e in r["events"] if e.get("event") == "done"]
+    text = r["text"]
+    problems = []
+    last_words = re.compile(r"\[critical\]|sinew: error:|PRTE ERROR|MPI_ABORT was invoked")
+    if r["hung"]:
+        problems.append(("hang-after-done" if done else "hang-before-done",
+                         [f"mpirun still running at the deadline ({r['wall_s']} s); killed"]
+                         + (evidence(text, last_words) or text.splitlines()[-3:])))
+    elif r["rc"] != 0:
+        problems.append(("exit-after-done" if done else "exit-before-done",
+                         [f"mpirun exit {r['rc']}" + (" after the done event" if done else ", no done event")]
+                         + evidence(text, last_words)))
+    # The spawn watchdog (docs/fault-tolerance.md "A failure during the spawn") aborts the job with exit 75
+    # for a relaunch: bounded, but not in place, and the job fails without a supervisor.
+    if WATCHDOG.search(text):
+        problems.append(("watchdog-abort", evidence(text, WATCHDOG)))
+    # Members that see a revoked communicator recover ("[warning] failure at step", "another failure during
+    # recovery"); a process that exits on it prints "sinew: error: ... MPI_ERR_REVOKED" (in our runs the
+    # replacement that was joining when a member died: the issue's "replacement exited with MPI_ERR_REVOKED").
+    revoked = evidence(text, REVOKED_EXIT)
+    if revoked:
+        problems.append(("revoked-exit", revoked))
+    errors = evidence(text, ERROR_EXIT, skip=REVOKED_EXIT)
+    if errors:
+        problems.append(("error-exit", errors))
+    if not r["hung"] and r["rc"] == 0 and not done:
+        problems.append(("no-done", ["mpirun exit 0 without a done event"]))
+    if done and reference is not None:
+        acc = done[-1]["test_accuracy"]
+        if 100 * (reference - acc) > tolerance:
+            problems.append(("accuracy", [f"test accuracy {100 * acc:.2f}% vs reference {100 * reference:.2f}% "
+                                          f"(tolerance {tolerance} points)"]))
+    # The audit of a run that did not finish fails by construction (the rest of the data was never used):
+    # it is checked only when the run says it finished.
+    if done and r["audit"] is None:
+        problems.append(("audit", ["no audit records"]))
+    elif done and not r["audit"]["ok"]:
+        problems.append(("audit", r["audit"]["output"]))
+    return problems
+
+
+def reference_accuracy(plan, train, mpirun, flags, out_dir, deadline_s):
+    """The failure-free run's test accuracy for this configuration, cached in out_dir (None if it failed)."""
+    path = f"{out_dir}/reference-{plan.reference_key()}.json"
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["test_accuracy"]
+    ref = Plan(-1, plan.n, plan.algorithm, False, False, [])
+    print(f"reference {plan.reference_key()}: running the failure-free job", flush=True)
+    r = run_job(ref, train, mpirun, flags, deadline_s, f"{out_dir}/logs/reference-{plan.reference_key()}")
+    done = [e for e in r["events"] if e.get("event") == "done"]
+    if r["hung"] or r["rc"] != 0 or not done:
+        print(f"reference {plan.reference_key()}: FAILED (exit {r['rc']}, hung {r['hung']})", flush=True)
+        return None
+    acc = done[-1]["test_accuracy"]
+    with open(path, "w") as f:
+        json.dump({"test_accuracy": acc, "wall_s": r["wall_s"]}, f)
+    print(f"reference {plan.reference_key()}: {100 * acc:.2f}% in {r['wall_s']} s", flush=True)
+    return acc
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+
+def summary(results):
+    lines = ["", f"{'pattern':<16} {'available':<9} {'trials':>6} {'pass':>5} {'fail':>5}  what"]
+    for p in PATTERNS:
+        mine = [r for r in results if p.name in r["patterns"]]
+        ok = sum(1 for r in mine if r["passed"])
+        avail = "yes" if p.available else "no"
+        lines.append(f"{p.name:<16} {avail:<9} {len(mine):>6} {ok:>5} {len(mine) - ok:>5}  {p.summary}")
+    ok = sum(1 for r in results if r["passed"])
+    lines.append(f"{'all':<16} {'':<9} {len(results):>6} {ok:>5} {len(results) - ok:>5}")
+    classes = {}
+    for r in results:
+        for c in r["classes"]:
+            classes.setdefault(c, []).append(r["trial"])
+    if classes:
+        lines += ["", f"{'failure class':<18} {'trials':>6}  which"]
+        for c, ts in sorted(classes.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"{c:<18} {len(ts):>6}  {' '.join(map(str, ts))}")
+    return "\n".join(lines)
+
+
+def rejudge(path, tolerance):
+    """Judges the failed trials of a results file again from their kept logs (after a change of the
+    classification), and prints the summary."""
+    with open(path) as f:
+        results = json.load(f)["trials"]
+    for res in results:
+        logs = res.get("logs") or os.path.join(os.path.dirname(path), f"logs/seed{res['seed']}-trial{res['trial']}")
+        if res["passed"] or not os.path.exists(f"{logs}/out.txt"):
+            continue
+        with open(f"{logs}/out.txt", errors="replace") as f:
+            text = f.read()
+        events = []
+        if os.path.exists(f"{logs}/metrics.jsonl"):
+            with open(f"{logs}/metrics.jsonl") as f:
+                events = [json.loads(l) for l in f if l.strip() and '"event"' in l]
+        audit = res.get("audit") or {"ok": "audit" not in res["classes"], "output": res["evidence"].get("audit", [])}
+        r = {"rc": res["rc"], "hung": res["hung"], "wall_s": res["wall_s"], "audit": audit, "events": events,
+             "text": text}
+        problems = judge(r, res["reference_accuracy"], tolerance)
+        res.update(passed=not problems, classes=[c for c, _ in problems], evidence={c: ev for c, ev in problems})
+        print(f"trial {res['trial']:3d}: {'PASS' if not problems else 'FAIL ' + ','.join(res['classes'])}")
+    print(summary(results))
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", help="run only these trials (comma-separated numbers), to replay them")
+    ap.add_argument("--out", default=os.path.join(ROOT, "build/chaos"),
+                    help="references, logs of failed trials, results (default build/chaos)")
+    ap.add_argument("--json", help="results file (default OUT/results-SEED.json)")
+    ap.add_argument("--deadline", type=float, default=120, help="seconds before a job counts as hung")
+    ap.add_argument("--tolerance", type=float, default=1.0, help="accuracy points allowed below the reference")
+    ap.add_argument("--train", default=os.path.join(ROOT, "build/apps/sinew-train"))
+    ap.add_argument("--patterns", help="keep only trials whose plan has one of these patterns (comma-separated)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plans, run nothing")
+    ap.add_argument("--rejudge", metavar="RESULTS", help="classify a results file's failed trials again from "
+                    "their logs and print the summary; runs nothing")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that run_job's clean-up runs
+    if a.rejudge:
+        return rejudge(a.rejudge, a.tolerance)
+
+    indices = [int(k) for k in a.only.split(",")] if a.only else list(range(1, a.trials + 1))
+    plans = [make_plan(a.seed, k) for k in indices]
+    if a.patterns:
+        want = set(a.patterns.split(","))
+        unknown = want - {p.name for p in PATTERNS}
+        if unknown:
+            ap.error(f"unknown patterns {sorted(unknown)}; known: {[p.name for p in PATTERNS]}")
+        plans = [pl for pl in plans if want & {p.name for p in PATTERNS if p.in_plan(pl)}]
+    if a.dry_run:
+        for pl in plans:
+            names = [p.name for p in PATTERNS if p.in_plan(pl)]
+            print(f"trial {pl.index:3d}: {pl.describe()} patterns={','.join(names)}")
+        return 0
+
+    mpirun, flags, ulfm = mpi_env()
+    if not ulfm:
+        print("SKIP chaos: needs the Open MPI with ULFM (mpi_scripts/setup.sh builds it)")
+        return 77
+    if not os.path.exists(f"{FASHION_MNIST}/train-images-idx3-ubyte.gz"):
+        print(f"SKIP chaos: {FASHION_MNIST} is not installed (mpi_scripts/setup.sh installs it)")
+        return 77
+    os.makedirs(a.out, exist_ok=True)
+    # A private copy of the binary, so that a rebuild during the campaign does not change what runs (the
+    # spawn starts /proc/self/exe: the copy).
+    train = f"{a.out}/sinew-train"
+    shutil.copy(a.train, train)
+    with open(train, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    print(f"chaos: seed {a.seed}, {len(plans)} trials, sinew-train sha256 {digest[:12]}, deadline {a.deadline} s",
+          flush=True)
+
+    results = []
+    for pl in plans:
+        names = [p.name for p in PATTERNS if p.in_plan(pl)]
+        print(f"trial {pl.index:3d}: {pl.describe()} patterns={','.join(names)}", flush=True)
+        ref = reference_accuracy(pl, train, mpirun, flags, a.out, a.deadline)
+        logs = f"{a.out}/logs/seed{a.seed}-trial{pl.index}"
+        r = run_job(pl, train, mpirun, flags, a.deadline, logs)
+        problems = judge(r, ref, a.tolerance)
+        if ref is None:
+            problems.append(("reference-failed", [f"the failure-free {pl.reference_key()} run failed"]))
+        done = [e for e in r["events"] if e.get("event") == "done"]
+        acc = done[-1]["test_accuracy"] if done else None
+        res = {"trial": pl.index, "seed": a.seed, "plan": dataclasses.asdict(pl), "describe": pl.describe(),
+               "patterns": names, "passed": not problems, "classes": [c for c, _ in problems],
+               "evidence": {c: ev for c, ev in problems}, "rc": r["rc"], "hung": r["hung"], "wall_s": r["wall_s"],
+               "fired": r["fired"], "kill_times_s": r["kill_times_s"], "notes": r["notes"], "audit": r["audit"],
+               "test_accuracy": acc, "reference_accuracy": ref,
+               "failures": sum(1 for e in r["events"] if e.get("event") == "failure"),
+               "world_size": done[-1]["world_size"] if done else None, "logs": None if not problems else logs,
+               "replay": f"/usr/bin/python3 hpc/chaos/chaos.py --seed {a.seed} --only {pl.index}"}
+        results.append(res)
+        if not problems:
+            shutil.rmtree(logs)
+        fired = f"{sum(r['fired'])}/{len(pl.kills)} kills at {r['kill_times_s']} s"
+        accs = f"acc {100 * acc:.2f}%" if acc is not None else "no done"
+        verdict = "PASS" if not problems else "FAIL " + ",".join(res["classes"])
+        print(f"trial {pl.index:3d}: {verdict} (exit {r['rc']}, {r['wall_s']} s, {fired}, {accs}, "
+              f"{res['failures']} failure events)", flush=True)
+        for c, ev in problems:
+            for line in ev:
+                print(f"    {c}: {line}", flush=True)
+        for note in r["notes"]:
+            print(f"    note: {note}", flush=True)
+        if problems:
+            print(f"    replay: {res['replay']}   logs: {logs}", flush=True)
+
+    print(summary(results))
+    path = a.json or f"{a.out}/results-{a.seed}.json"
+    with open(path, "w") as f:
+        json.dump({"seed": a.seed, "sinew_train_sha256": digest, "deadline_s": a.deadline,
+                   "tolerance": a.tolerance, "patterns": [{"name": p.name, "available": p.available,
+                                                           "summary": p.summary} for p in PATTERNS],
+                   "trials": results}, f, indent=1)
+    print(f"results: {path}")
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
