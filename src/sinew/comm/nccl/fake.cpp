@@ -471,39 +471,33 @@ ncclResult_t FakeApi::all_gather(const void* in, void* out, std::size_t count, n
 
 ncclResult_t FakeApi::send(const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                            cudaStream_t stream) {
-  std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclSend");
-  if (c == nullptr) return ncclInvalidUsage;
-  if (peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
-  Op o;
-  o.kind = Op::Kind::kSend;
-  o.comm = c;
-  o.in = buf;
-  o.count = count;
-  o.type = type;
-  o.root = peer;
-  o.seq = c->sent[static_cast<std::size_t>(peer)];
-  const ncclResult_t r = enqueue(o, stream);
-  if (r == ncclSuccess) ++c->sent[static_cast<std::size_t>(peer)];
-  return r;
+  return point_to_point(true, buf, nullptr, count, type, peer, comm, stream);
 }
 
 ncclResult_t FakeApi::recv(void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                            cudaStream_t stream) {
+  return point_to_point(false, nullptr, buf, count, type, peer, comm, stream);
+}
+
+ncclResult_t FakeApi::point_to_point(bool send, const void* in, void* out, std::size_t count,
+                                     ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclRecv");
+  Comm* c = comm_of(comm, send ? "ncclSend" : "ncclRecv");
   if (c == nullptr) return ncclInvalidUsage;
   if (peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
+  // Messages between two ranks match in the order they were enqueued (NCCL has no tags).
+  std::uint64_t& seq = (send ? c->sent : c->recvd)[static_cast<std::size_t>(peer)];
   Op o;
-  o.kind = Op::Kind::kRecv;
+  o.kind = send ? Op::Kind::kSend : Op::Kind::kRecv;
   o.comm = c;
-  o.out = buf;
+  o.in = in;
+  o.out = out;
   o.count = count;
   o.type = type;
   o.root = peer;
-  o.seq = c->recvd[static_cast<std::size_t>(peer)];
+  o.seq = seq;
   const ncclResult_t r = enqueue(o, stream);
-  if (r == ncclSuccess) ++c->recvd[static_cast<std::size_t>(peer)];
+  if (r == ncclSuccess) ++seq;
   return r;
 }
 
