@@ -1,5 +1,7 @@
 // sinew-train: elastic data-parallel training. Thin: parse options, start MPI, run the trainer.
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "common.hpp"
@@ -8,6 +10,12 @@
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/trainer.hpp"
+
+namespace {
+/// How long a finished process waits for MPI_Finalize (mpi::Environment::finalize). A healthy finalize
+/// takes well under a second here, also with four ranks on two cores.
+constexpr std::chrono::milliseconds kFinalizeBound{5000};
+}  // namespace
 
 int main(int argc, char** argv) {
   return sinew::apps::guarded_main([&] {
@@ -21,9 +29,31 @@ int main(int argc, char** argv) {
     // Recorded before MPI_Init can touch argv: grow() starts new members with this same command, and
     // they, running this main(), record an equal one for their own growth.
     auto spawn = sinew::membership::SpawnCommand::of_this_process(argc, argv);
-    sinew::mpi::Environment env(&argc, &argv);
+    // A process spawned by grow() leaves (exit 0) if it cannot join within its parents' deadline: before
+    // MPI_Init, since an abandoned spawn leaves it blocked inside MPI_Init.
+    sinew::membership::JoinDeadline join_deadline;
+    std::optional<sinew::mpi::Environment> started;
+    try {
+      started.emplace(&argc, &argv);
+    } catch (const sinew::CommFailure& e) {
+      // A spawned process whose MPI_Init failed (the parents abandoned the spawn): it never was a member.
+      if (!join_deadline.spawned()) throw;
+      std::fprintf(stderr, "[sinew] spawned process: %s; leaving\n", e.message().c_str());
+      sinew::membership::JoinDeadline::leave();
+    }
+    auto& env = *started;
     // A spawned replacement joins its parents here.
-    auto group = sinew::membership::Group::attach(std::move(spawn));
+    std::optional<sinew::membership::Group> joined;
+    try {
+      joined.emplace(sinew::membership::Group::attach(std::move(spawn)));
+    } catch (const sinew::membership::JoinFailed& e) {
+      // Never a member: the parents recover without this process, nobody waits for it (exit 0).
+      std::fprintf(stderr, "[sinew] spawned process: %s; leaving (exit code 0)\n", e.message().c_str());
+      env.finalize(0, kFinalizeBound);
+      return 0;
+    }
+    join_deadline.joined();
+    auto& group = *joined;
     sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
       spdlog::info("{} ({} ranks; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),
@@ -33,20 +63,27 @@ int main(int argc, char** argv) {
     if (group.role() == sinew::membership::Role::kRecovered) {
       spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());
     }
-    sinew::train::Trainer trainer(cfg, std::move(group));
-    const auto s = trainer.run();
-    if (!s.left && trainer.rank() == 0) {
-      if (!s.below_min_ranks) {
-        spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s", s.steps,
-                     s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
+    int code = 0;
+    {
+      sinew::train::Trainer trainer(cfg, std::move(group));
+      const auto s = trainer.run();
+      if (!s.left && trainer.rank() == 0) {
+        if (!s.below_min_ranks) {
+          spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s",
+                       s.steps, s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
+        }
+        if (s.stopped_by_signal != 0) {
+          spdlog::warn("stopped by signal {} after a checkpoint; relaunch with --resume auto to continue",
+                       s.stopped_by_signal);
+        } else if (!s.checkpoint_error.empty()) {
+          spdlog::error("training finished but a checkpoint failed: {}", s.checkpoint_error);
+        }
       }
-      if (s.stopped_by_signal != 0) {
-        spdlog::warn("stopped by signal {} after a checkpoint; relaunch with --resume auto to continue",
-                     s.stopped_by_signal);
-      } else if (!s.checkpoint_error.empty()) {
-        spdlog::error("training finished but a checkpoint failed: {}", s.checkpoint_error);
-      }
-    }
-    return s.exit_code();
+      code = s.exit_code();
+    }  // the trainer is gone: metrics, audit and checkpoint files are written and closed
+    // The results are durable now; after failures MPI_Finalize can wait for ever (a peer that died, a
+    // spawn abandoned in MPI), so it is bounded, and the process exits with the run's code either way.
+    env.finalize(code, kFinalizeBound);
+    return code;
   });
 }

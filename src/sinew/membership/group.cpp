@@ -1,10 +1,16 @@
 #include "sinew/membership/group.hpp"
 
+#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <array>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
@@ -19,7 +25,70 @@ namespace sinew::membership {
 
 namespace {
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
+
+constexpr const char* kJoinDeadlineVar = "SINEW_JOIN_DEADLINE_MS";
+
+/// One MPI_Comm_spawn on a helper thread, shared with it: the caller may stop waiting (abandon it) while
+/// the thread is still blocked in MPI, so neither owns the other.
+struct SpawnCall {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;
+  int rc = MPI_SUCCESS;
+  MPI_Comm inter = MPI_COMM_NULL;
+  std::vector<int> errcodes;
+};
 }  // namespace
+
+struct JoinDeadline::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool joined = false;
+};
+
+JoinDeadline::JoinDeadline() {
+  // Read before any thread starts (main(), before MPI_Init), so getenv's lack of thread safety is moot.
+  const char* v = std::getenv(kJoinDeadlineVar);  // NOLINT(concurrency-mt-unsafe)
+  if (v == nullptr) return;
+  const long ms = std::strtol(v, nullptr, 10);
+  if (ms <= 0) return;
+  state_ = std::make_shared<State>();
+  std::thread([s = state_, ms] {
+    std::unique_lock lock(s->mu);
+    if (s->cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return s->joined; })) return;
+    std::fprintf(stderr,
+                 "[sinew] spawned process: could not join the group within %ld ms (its parents gave up on "
+                 "the spawn); leaving\n",
+                 ms);
+    std::fflush(stderr);
+    JoinDeadline::leave();
+  }).detach();
+}
+
+JoinDeadline::~JoinDeadline() { joined(); }
+
+void JoinDeadline::leave() {
+  // The process is inside (or just failed) MPI_Init. Exiting as is would be an "improper" exit to
+  // PRRTE (called init, no finalize), which ends the whole job with mpirun exit code 1, and a signal is
+  // reported as exit code 137 (both measured). So it first tells its PMIx server that it finalizes
+  // (PMIx_Finalize, found at run time: Open MPI links it, Sinew does not), then exits 0.
+  std::fflush(nullptr);
+  using PmixFinalize = int (*)(const void*, std::size_t);
+  if (auto* fin = reinterpret_cast<PmixFinalize>(::dlsym(RTLD_DEFAULT, "PMIx_Finalize"))) fin(nullptr, 0);
+  std::_Exit(0);
+}
+
+bool JoinDeadline::spawned() const noexcept { return state_ != nullptr; }
+
+void JoinDeadline::joined() {
+  if (!state_) return;
+  {
+    std::lock_guard lock(state_->mu);
+    state_->joined = true;
+  }
+  state_->cv.notify_all();
+}
 
 SpawnCommand SpawnCommand::of_this_process(int argc, const char* const* argv) {
   std::array<char, PATH_MAX> exe{};
@@ -53,11 +122,23 @@ Group Group::attach(SpawnCommand spawn) {
   // Spawned by grow(): merge with the parents (they come first), then learn the view's epoch.
   MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
   MPI_Comm merged = MPI_COMM_NULL;
-  SINEW_MPI(MPI_Intercomm_merge(parent, /*high=*/1, &merged));
+  const int mrc = MPI_Intercomm_merge(parent, /*high=*/1, &merged);
+  if (mrc != MPI_SUCCESS) {
+    // The parents gave up (revoked the link) or one died: they recover without this process.
+    MPI_Comm_free(&parent);
+    SINEW_THROW(membership::JoinFailed, "MPI_Intercomm_merge with the parents failed: {}",
+                mpi::error_string(mrc));
+  }
   mpi::Communicator comm(merged);
   std::uint64_t epoch = 0;
-  SINEW_MPI(MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, comm.get()));
+  const int brc = MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, comm.get());
   MPI_Comm_free(&parent);
+  if (brc != MPI_SUCCESS) {
+    // The parents adopt the merged view only after this broadcast succeeded at them, so a failure here
+    // leaves them recovering over their old view, without this process.
+    SINEW_THROW(membership::JoinFailed, "receiving the view's epoch from the parents failed: {}",
+                mpi::error_string(brc));
+  }
   return Group(std::move(comm), epoch, Role::kRecovered, -1, std::move(spawn));
 }
 
@@ -113,7 +194,7 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
 #endif
 }
 
-GrowReport Group::grow(int n) {
+GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
   GrowReport rep;
   if (n <= 0) return rep;
   if (spawn_.empty()) {
@@ -125,16 +206,64 @@ GrowReport Group::grow(int n) {
                                  n),
                      SourceLocation::current());
   }
-  const SpawnCommand& cmd = spawn_;
-  std::vector<char*> argv;
-  for (const auto& a : cmd.args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<int> errcodes(static_cast<std::size_t>(n), MPI_SUCCESS);
+  const bool ft = SINEW_HAVE_ULFM != 0 && mpi::ulfm_enabled();
+  auto call = std::make_shared<SpawnCall>();
+  call->errcodes.assign(static_cast<std::size_t>(n), MPI_SUCCESS);
+  MPI_Info info = MPI_INFO_NULL;
+  if (ft) {
+    // The new processes leave by themselves if they cannot join within twice our deadline (JoinDeadline):
+    // ours bounds the spawn, theirs also covers the merge after it.
+    MPI_Info_create(&info);
+    const std::string env = fmt::format("{}={}", kJoinDeadlineVar, 2 * deadline.count());
+    MPI_Info_set(info, "PMIX_ENVAR", env.c_str());
+    // MPI-4's key: an MPI_Init that fails in a new process (its spawn abandoned) returns an error there
+    // instead of aborting the job; the process then leaves (apps/sinew_train.cpp).
+    MPI_Info_set(info, "mpi_initial_errhandler", "mpi_errors_return");
+  }
   auto t = Clock::now();
-  MPI_Comm inter = MPI_COMM_NULL;
-  const int rc = MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, MPI_INFO_NULL, 0, comm_.get(), &inter,
-                                errcodes.data());
-  std::string why = rc != MPI_SUCCESS ? mpi::error_string(rc) : "";
+  // The helper owns copies of everything it uses: it may outlive this call (abandoned, see the header).
+  std::thread([call, cmd = spawn_, n, comm = comm_.get(), info]() mutable {
+    std::vector<char*> argv;
+    for (auto& a : cmd.args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    MPI_Comm inter = MPI_COMM_NULL;
+    const int rc =
+        MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, info, 0, comm, &inter, call->errcodes.data());
+    if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+    std::lock_guard lock(call->mu);
+    call->rc = rc;
+    call->inter = inter;
+    call->done = true;
+    if (call->abandoned && inter != MPI_COMM_NULL) {
+      // Returned after the group gave up on it: the new processes must not wait for a merge.
+#if SINEW_HAVE_ULFM
+      MPIX_Comm_revoke(inter);
+#endif
+      MPI_Comm_free(&call->inter);
+    }
+    call->cv.notify_all();
+  }).detach();
+  bool timed_out = false;
+  {
+    std::unique_lock lock(call->mu);
+    if (ft) {
+      timed_out = !call->cv.wait_for(lock, deadline, [&] { return call->done; });
+      if (timed_out) call->abandoned = true;
+    } else {
+      // Without ULFM the members cannot agree on giving up: wait as MPI does.
+      call->cv.wait(lock, [&] { return call->done; });
+    }
+  }
+  const int rc = timed_out ? MPI_SUCCESS : call->rc;
+  MPI_Comm inter = timed_out ? MPI_COMM_NULL : call->inter;
+  const std::vector<int> errcodes = timed_out ? std::vector<int>{} : call->errcodes;
+  if (timed_out) {
+    spdlog::warn("MPI_Comm_spawn of {} processes did not return within {} ms; giving up on it", n,
+                 deadline.count());
+  }
+  std::string why = timed_out ? fmt::format("the spawn did not complete within {} ms", deadline.count())
+                    : rc != MPI_SUCCESS ? mpi::error_string(rc)
+                                        : "";
   for (int e : errcodes) {
     if (e != MPI_SUCCESS && why.empty()) why = mpi::error_string(e);
   }

@@ -13,8 +13,10 @@
 // main()); a spawned member's own main() records the same command, so it can grow the group in turn.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +48,15 @@ constexpr std::string_view role_name(Role r) noexcept { return name_of(kRoleName
 class SpawnError : public Error {
  public:
   using Error::Error;
+};
+
+/// A process spawned by grow() could not join its parents (a member died during the merge, or the parents
+/// gave up on the spawn and revoked the link). It never was a member: nobody waits for it, and its leaving
+/// is not a failure of the job, so the process exits with code 0 (apps/sinew_train.cpp).
+class JoinFailed : public CommFailure {
+ public:
+  using CommFailure::CommFailure;
+  [[nodiscard]] ExitCode exit_code() const noexcept override { return ExitCode::kOk; }
 };
 
 /// Wall-clock cost of one shrink, in milliseconds.
@@ -81,6 +92,30 @@ struct SpawnCommand {
   friend bool operator==(const SpawnCommand&, const SpawnCommand&) = default;
 };
 
+/// For a process spawned by Group::grow(): if it has not joined its parents (MPI_Init, merge) within the
+/// deadline they set (twice their spawn deadline, in SINEW_JOIN_DEADLINE_MS), it finalizes PMIx and
+/// exits with code 0 (group.cpp says why both). A spawn that the parents abandoned would otherwise leave it
+/// blocked in MPI_Init for ever, and mpirun waits for every process it started. The process never was a
+/// member: its end is not a failure of the job, and mpirun still returns 0. Start it in main() before
+/// MPI_Init; does nothing in a process not spawned by grow(). Cancelled by joined() or destruction.
+class JoinDeadline {
+ public:
+  JoinDeadline();
+  JoinDeadline(const JoinDeadline&) = delete;
+  JoinDeadline& operator=(const JoinDeadline&) = delete;
+  ~JoinDeadline();
+  /// The process is a member now: the deadline no longer applies.
+  void joined();
+  /// True in a process spawned by grow() under ULFM (its parents set a join deadline).
+  [[nodiscard]] bool spawned() const noexcept;
+  /// Ends a spawned process that cannot join (an MPI_Init that failed, the deadline): exit code 0.
+  [[noreturn]] static void leave();
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
 /// Optional hook run by shrink() at the start of every attempt (fault injection names it "recovery").
 using RecoveryHook = std::function<void(int attempt)>;
 
@@ -89,6 +124,7 @@ class Group {
   /// The group this process starts in: MPI_COMM_WORLD, or, for a process spawned by grow(), the merged
   /// group of its parents and siblings (collective with the parents' grow()). `spawn` is what this
   /// group's grow() starts new members with: SpawnCommand::of_this_process(argc, argv) from main().
+  /// Throws JoinFailed if a spawned process cannot join.
   static Group attach(SpawnCommand spawn);
   /// A group over a duplicate of `comm` (tests, embedding in a larger application); it can grow only if
   /// given a spawn command. Collective over `comm`.
@@ -127,9 +163,18 @@ class Group {
   /// Collective: starts `n` new members with spawn_command() and merges them into the view (they call
   /// attach(), last in rank order; the epoch increments). Members hold a command alike, all or none
   /// (MPI uses rank 0's). Throws SpawnError if the group has no spawn command, or if the spawn fails with
-  /// every member alive (e.g. no free slots, a program that does not exist): the view is then unchanged
-  /// and usable. Throws CommFailure if a member died meanwhile.
-  GrowReport grow(int n);
+  /// every member alive (e.g. no free slots, a program that does not exist), or if MPI_Comm_spawn did not
+  /// return within `deadline` at some member while every member is alive: the view is then unchanged and
+  /// usable. Throws CommFailure if a member died meanwhile.
+  ///
+  /// The deadline needs ULFM (the members agree on the outcome). Open MPI 5.0.7 cannot interrupt
+  /// MPI_Comm_spawn: when a member of the view dies during it, the root stays blocked in PMIx_Connect
+  /// (inside ompi_dpm_connect_accept) for ever, revoke or not. So the spawn runs on a helper thread, and
+  /// a member whose spawn is past the deadline abandons that thread (left blocked in MPI; the process's
+  /// bounded finalize ends it, mpi::Environment::finalize) and joins the agreement. The new processes
+  /// are told the deadline (environment SINEW_JOIN_DEADLINE_MS, see JoinDeadline) and leave on their own
+  /// if they cannot join.
+  GrowReport grow(int n, std::chrono::milliseconds deadline = std::chrono::milliseconds(30000));
 
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);
   /// the others continue in a new view. A leaving member must stop using the group.

@@ -3,8 +3,13 @@
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
+#include <thread>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
@@ -17,6 +22,10 @@ Environment::Environment(int* argc, char*** argv) {
   const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (rc != MPI_SUCCESS) SINEW_THROW(CommFailure, "MPI_Init_thread failed: {}", error_string(rc));
   SINEW_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  // Errors not tied to a communicator (Open MPI raises a spawn that fails late, e.g. one abandoned past
+  // its deadline that errors out when the runtime shuts down, "on a NULL communicator") go to
+  // MPI_COMM_SELF's handler: returned, not an abort of the whole job.
+  SINEW_MPI(MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN));
   SINEW_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   SINEW_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -35,6 +44,35 @@ Environment::~Environment() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+void Environment::finalize(int exit_code, std::chrono::milliseconds bound) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  // Whatever is buffered must reach its file or pipe before a possible _Exit, which flushes nothing.
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread guard([&] {
+    std::unique_lock lock(mu);
+    if (cv.wait_for(lock, bound, [&] { return done; })) return;
+    // MPI_Finalize is stuck (typically: a peer that died or a spawned process that never joined is still
+    // expected by the runtime). The results are durable, so ending here loses nothing.
+    std::fprintf(stderr, "[sinew] MPI_Finalize did not return within %lld ms; exiting with code %d\n",
+                 static_cast<long long>(bound.count()), exit_code);
+    std::fflush(stderr);
+    std::_Exit(exit_code);
+  });
+  MPI_Finalize();
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  guard.join();
 }
 
 std::string library_version() {

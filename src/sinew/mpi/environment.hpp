@@ -1,6 +1,7 @@
 // MPI start-up and shut-down, and what this MPI can do.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace sinew::mpi {
@@ -14,6 +15,15 @@ class Environment {
   Environment(const Environment&) = delete;
   Environment& operator=(const Environment&) = delete;
   ~Environment();
+
+  /// Finalizes MPI, but never waits longer than `bound` for it: if MPI_Finalize has not returned by then,
+  /// the process ends with `exit_code` (std::_Exit) instead of hanging. Call it only when this process's
+  /// results are durable (metrics, audit and checkpoints written and closed, logs flushed): after a
+  /// failure and a recovery, Open MPI 5.0.7's MPI_Finalize can wait forever for processes that died or
+  /// for a spawn that never completed, and nothing after it is left to do but exit. Under
+  /// `mpirun --with-ft ulfm` a process that exits 0 without finalizing does not make mpirun fail (measured:
+  /// mpirun returns 0). Returns normally when MPI_Finalize did.
+  void finalize(int exit_code, std::chrono::milliseconds bound);
 
   [[nodiscard]] int world_rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return size_; }

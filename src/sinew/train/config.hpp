@@ -62,7 +62,8 @@ struct Config {
   int sync_interval_ms = 50;              ///< async: background averaging period
   double bucket_mb = 4.0;
   bool overlap = true;
-  int timeout_ms = 300000;  ///< deadline of every collective
+  int timeout_ms = 300000;       ///< deadline of every collective
+  int spawn_timeout_ms = 30000;  ///< deadline of a spawn (growth); past it the group goes on at its size
   // checkpoints
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;

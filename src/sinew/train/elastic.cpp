@@ -4,10 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "sinew/core/log.hpp"
 
@@ -20,40 +17,6 @@ double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
 double unix_now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-
-/// Bounds a blocking MPI call that ULFM cannot interrupt (MPI_Comm_spawn and the merge with the new
-/// processes block forever if a member dies meanwhile, in Open MPI 5.0.7): past the deadline the job is
-/// aborted with exit code 75, so that a supervisor (mpi_scripts/sinew-supervise) relaunches it from the
-/// latest checkpoint instead of it hanging.
-class Watchdog {
- public:
-  Watchdog(std::chrono::milliseconds deadline, std::string what) : what_(std::move(what)) {
-    thread_ = std::thread([this, deadline] {
-      std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, deadline, [this] { return done_; })) return;
-      spdlog::critical("{} did not complete within {} ms; aborting the job for a relaunch (exit code 75)",
-                       what_, deadline.count());
-      MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRelaunch));
-    });
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::string what_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -181,11 +144,12 @@ void ElasticController::grow_to(int target, const char* why) {
   ev.step = state_.pos().step;
   ev.from_world_size = from;
   try {
-    Watchdog dog(setup_.op.timeout, fmt::format("growing the group from {} to {} ranks", from, target));
-    rep = group_.grow(target - from);
+    // The spawn has its own deadline, far shorter than the collectives' one: a spawn that cannot complete
+    // (Open MPI 5.0.7 blocks it for ever when a member dies during it) is given up, not waited for.
+    rep = group_.grow(target - from, std::chrono::milliseconds(cfg_.spawn_timeout_ms));
   } catch (const membership::SpawnError& e) {
-    // Every member is alive and the view unchanged: go on at this size, and do not try again (until the
-    // job server asks for another size).
+    // Every member is alive and the view unchanged (no free slots, or the spawn timed out): go on at this
+    // size, and do not try again (until the job server asks for another size).
     connect();
     state_.pos().target_override = from;
     ev.world_size = from;

@@ -106,7 +106,9 @@ po::options_description describe(Config& c, std::string& config_file) {
       "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "gradient bucket size in MiB")(
       "overlap", po::value(&c.overlap)->default_value(c.overlap)->value_name("BOOL"),
       "reduce buckets on a communication thread during backward")(
-      "timeout-ms", po::value(&c.timeout_ms)->default_value(c.timeout_ms), "deadline of every collective");
+      "timeout-ms", po::value(&c.timeout_ms)->default_value(c.timeout_ms), "deadline of every collective")(
+      "spawn-timeout-ms", po::value(&c.spawn_timeout_ms)->default_value(c.spawn_timeout_ms),
+      "deadline of a spawn that grows the group; past it the group goes on at its size");
   po::options_description ck("Checkpoints");
   ck.add_options()("checkpoint-dir", po::value(&c.checkpoint_dir)->value_name("DIR"),
                    "write HDF5 checkpoints here (docs/checkpoint-format.md)")(
@@ -247,6 +249,10 @@ void validate(const Config& c) {
     SINEW_THROW(InvalidArgument, "--bucket-mb must be in (0, 1024], got {}", c.bucket_mb);
   }
   if (c.timeout_ms < 1) SINEW_THROW(InvalidArgument, "--timeout-ms must be >= 1, got {}", c.timeout_ms);
+  // The spawned processes get twice this as their own join deadline (an int of milliseconds).
+  if (c.spawn_timeout_ms < 1 || c.spawn_timeout_ms > 3600000) {
+    SINEW_THROW(InvalidArgument, "--spawn-timeout-ms must be in [1, 3600000], got {}", c.spawn_timeout_ms);
+  }
   if (c.log_every < 1) SINEW_THROW(InvalidArgument, "--log-every must be >= 1, got {}", c.log_every);
   one_of(c.optimizer, {"sgd", "adam"}, "--optimizer");
   one_of(c.lr_schedule, {"constant", "step", "cosine"}, "--lr-schedule");

@@ -144,9 +144,16 @@ struct Trainer::Impl {
     if (group.role() == membership::Role::kRecovered) {
       // Spawned to replace failed ranks: the parents are in grow_to() -> connect() -> synchronise().
       state.pos().step = -1;
-      elastic.connect();
-      elastic.synchronise();
-      elastic.rescale(0, "grow");
+      try {
+        elastic.connect();
+        elastic.synchronise();
+        elastic.rescale(0, "grow");
+      } catch (const CommFailure& e) {
+        // A member died while this process was joining. It is in the view already (the merge is done),
+        // so the survivors' recovery shrinks over it too: it must take part, or they would wait for it
+        // for ever. recover() takes the state from the most advanced survivor (this process has none).
+        elastic.recover(e);
+      }
     } else {
       elastic.connect();
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
