@@ -259,13 +259,15 @@ TEST(NcclFake, BucketerEnqueuesBucketsInOrderAsEventsArrive) {
   FakeApi api;
   const int n = view.size(), me = view.rank();
   {
+    // The gradients outlive the backend: its destructor completes what is still enqueued on them (the
+    // incomplete step at the end), as a fabric's device gradients outlive its NCCL backend.
+    std::vector<float> grads(40);
     NcclBackend nccl(view, api);
     // Four layers of 10, 6, 4, 20 floats; backward reports the last layer first. With buckets of 16 floats
     // (comm::GradientBucketer's rules: ranges are merged while the bucket is below the target) that makes
     // {layer 3} alone (20 floats), then layers 2, 1, 0 (4 + 6 + 10 floats).
     const std::vector<Range> forward{{0, 10}, {10, 6}, {16, 4}, {20, 20}};
     std::vector<Range> backward(forward.rbegin(), forward.rend());
-    std::vector<float> grads(40);
     DeviceBucketOptions o;
     o.bucket_bytes = 16 * sizeof(float);
     o.op.timeout = std::chrono::seconds(20);
