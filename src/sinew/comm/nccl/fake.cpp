@@ -411,6 +411,14 @@ ncclResult_t FakeApi::enqueue(Op op, cudaStream_t stream) {
   return ncclSuccess;
 }
 
+ncclResult_t FakeApi::enqueue_collective(Op o, cudaStream_t stream) {
+  // Collectives match across ranks by their order on the communicator.
+  o.seq = o.comm->collectives;
+  const ncclResult_t r = enqueue(o, stream);
+  if (r == ncclSuccess) ++o.comm->collectives;
+  return r;
+}
+
 ncclResult_t FakeApi::all_reduce(const void* in, void* out, std::size_t count, ncclDataType_t type,
                                  ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard lock(mu_);
@@ -425,10 +433,7 @@ ncclResult_t FakeApi::all_reduce(const void* in, void* out, std::size_t count, n
   o.count = count;
   o.type = type;
   o.red = op;
-  o.seq = c->collectives;
-  const ncclResult_t r = enqueue(o, stream);
-  if (r == ncclSuccess) ++c->collectives;
-  return r;
+  return enqueue_collective(o, stream);
 }
 
 ncclResult_t FakeApi::broadcast(const void* in, void* out, std::size_t count, ncclDataType_t type, int root,
@@ -445,10 +450,7 @@ ncclResult_t FakeApi::broadcast(const void* in, void* out, std::size_t count, nc
   o.count = count;
   o.type = type;
   o.root = root;
-  o.seq = c->collectives;
-  const ncclResult_t r = enqueue(o, stream);
-  if (r == ncclSuccess) ++c->collectives;
-  return r;
+  return enqueue_collective(o, stream);
 }
 
 ncclResult_t FakeApi::all_gather(const void* in, void* out, std::size_t count, ncclDataType_t type,
@@ -463,10 +465,7 @@ ncclResult_t FakeApi::all_gather(const void* in, void* out, std::size_t count, n
   o.out = out;
   o.count = count;
   o.type = type;
-  o.seq = c->collectives;
-  const ncclResult_t r = enqueue(o, stream);
-  if (r == ncclSuccess) ++c->collectives;
-  return r;
+  return enqueue_collective(o, stream);
 }
 
 ncclResult_t FakeApi::send(const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,

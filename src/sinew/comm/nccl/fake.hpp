@@ -143,6 +143,8 @@ class FakeApi final : public Api {
   Comm* comm_of(ncclComm_t comm, const char* call);  // null (and misuse recorded) unless usable
   Stream* stream_of(cudaStream_t stream);
   ncclResult_t enqueue(Op op, cudaStream_t stream);
+  /// enqueue() with the communicator's next collective sequence number (op.comm is set, mu_ held).
+  ncclResult_t enqueue_collective(Op op, cudaStream_t stream);
   /// ncclSend (send) or ncclRecv.
   ncclResult_t point_to_point(bool send, const void* in, void* out, std::size_t count, ncclDataType_t type,
                               int peer, ncclComm_t comm, cudaStream_t stream);
