@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     // A spawned replacement joins its parents here.
     std::optional<sinew::membership::Group> joined;
     try {
-      joined.emplace(sinew::membership::Group::attach(std::move(spawn)));
+      joined.emplace(sinew::membership::Group::attach(std::move(spawn), cfg.spares));
     } catch (const sinew::membership::JoinFailed& e) {
       // Never a member: the parents recover without this process, nobody waits for it (exit 0).
       std::fprintf(stderr, "[sinew] spawned process: %s; leaving (exit code 0)\n", e.message().c_str());
@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
     auto& group = *joined;
     sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
-      spdlog::info("{} ({} ranks; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),
+      spdlog::info("{} ({} ranks{}; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),
+                   group.spares() > 0 ? fmt::format(" + {} hot spares", group.spares()) : "",
                    sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled",
                    sinew::name_of(sinew::train::kElasticNames, cfg.elastic));
     }

@@ -35,6 +35,11 @@ expect missing-config 2 "--config: cannot open" -- "$train" --config "$work/nope
 printf 'epochs = 2\nfrobnicate = 1\n' >"$work/bad.cfg"
 expect bad-config-key 2 "frobnicate" -- "$train" --config "$work/bad.cfg"
 expect bad-model 2 "model" -- "${mpiexec[@]}" -n 2 "$train" --model transformer --dataset synthetic
+expect spares-negative 2 "--spares must be in \\[0, 4096\\], got -1" -- "$train" --spares -1
+expect spares-no-grow 2 "--spares 1 replaces failed ranks in place: it needs --elastic inplace and --grow true" \
+  -- "$train" --spares 1 --grow false
+expect spares-too-many 2 "--spares 2 needs more than 2 processes \\(members plus spares\\), this job has 2" \
+  -- "${mpiexec[@]}" -n 2 "$train" --dataset synthetic --spares 2
 expect help 0 "usage: mpirun -n N sinew-train" -- "$train" --help
 
 # one line only, even with 4 ranks

@@ -201,6 +201,45 @@ case "$scenario" in
     wait $job
     check $? --failures 0 --event shrink --field shrink.why=requested --final-world-size 3
     ;;
+  spare | spares-node | spare-rank0 | spare-during-recovery)
+    # Hot spares (--spares): launched with the job, they wait; a failed rank is replaced by one of them
+    # (promoted, no spawn), and the job exits within seconds of its done line, spares included.
+    case "$scenario" in
+      spare) n=5 run 120 --spares 1 --inject-fault 1:allreduce:30; rc=$?; k=1 ;;
+      spares-node) n=6 run 120 --spares 2 --inject-fault 1:allreduce:30 --inject-fault 2:allreduce:30; rc=$?; k=2 ;;
+      spare-rank0) n=5 run 120 --spares 1 --inject-fault 0:backward:30; rc=$?; k=1 ;;
+      spare-during-recovery)
+        n=6 run 120 --spares 2 --inject-fault 1:allreduce:30 --inject-fault 2:recovery:30; rc=$?; k=2 ;;
+    esac
+    check_exit_after_done 10 || rc=1
+    check $rc --failures 1 --field failure.promoted=$k --field failure.lost=$k --field failure.spawn_ms=0 \
+      --final-world-size 4
+    ;;
+  spare-then-spawn)
+    # One spare, two failures: the first is replaced by the spare, the second by a spawned process.
+    n=5 run 150 --spares 1 --inject-fault 1:allreduce:30 --inject-fault 2:allreduce:60
+    rc=$?
+    check_exit_after_done 10 || rc=1
+    check $rc --failures 2 --field failure.promoted=0 --event grow --final-world-size 4
+    grep -q "back to 4 (1 hot spare)" "$d/out.txt" || { echo "FAIL $scenario: the first failure did not use the spare"; exit 1; }
+    ;;
+  spare-killed)
+    # An idle spare dies (kill -9 from outside); the next failure is replaced by the other spare.
+    n=6 run 150 --spares 2 --step-sleep-ms 10 --inject-fault 1:allreduce:60 &
+    job=$!
+    wait_for_step 10 && p=$(pid_of_rank 5) && kill -9 "$p"
+    wait $job
+    rc=$?
+    check_exit_after_done 10 || rc=1
+    check $rc --failures 1 --field failure.promoted=1 --field failure.spawn_ms=0 --final-world-size 4
+    ;;
+  spare-job-server)
+    # The job server shrinks the group (members leave the pool) and grows it again from a spare.
+    n=5 run 120 --spares 1 --resize-schedule 20:3,50:4
+    rc=$?
+    check_exit_after_done 10 || rc=1
+    check $rc --failures 0 --event shrink --field grow.promoted=1 --field grow.spawn_ms=0 --final-world-size 4
+    ;;
   min-ranks)
     # Below --min-ranks the job checkpoints and stops with exit code 75 (for a relaunch with more ranks).
     run 120 --grow false --min-ranks 4 --inject-fault 1:backward:30

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <condition_variable>
@@ -107,8 +108,8 @@ Group::Group(mpi::Communicator comm, std::uint64_t epoch, Role role, int launch_
 
 void Group::adopt(mpi::Communicator comm) {
   comm_ = std::move(comm);
-  rank_ = comm_.rank();
-  size_ = comm_.size();
+  rank_ = comm_.valid() ? comm_.rank() : -1;  // a hot spare is in no view
+  size_ = comm_.valid() ? comm_.size() : 0;
 }
 
 Group Group::attach(SpawnCommand spawn) {
@@ -140,6 +141,43 @@ Group Group::attach(SpawnCommand spawn) {
                 mpi::error_string(brc));
   }
   return Group(std::move(comm), epoch, Role::kRecovered, -1, std::move(spawn));
+}
+
+Group Group::attach(SpawnCommand spawn, int spares) {
+  if (spares <= 0) return attach(std::move(spawn));
+  MPI_Comm parent = MPI_COMM_NULL;
+  SINEW_MPI(MPI_Comm_get_parent(&parent));
+  if (parent != MPI_COMM_NULL) {
+    // Spawned to replace members once the spares were used up: the group has no pool any more.
+    return attach(std::move(spawn));
+  }
+  const auto world = mpi::Communicator::borrow(MPI_COMM_WORLD);
+  const int rank = world.rank(), size = world.size();
+  if (SINEW_HAVE_ULFM == 0 || !mpi::ulfm_enabled()) {
+    SINEW_THROW(InvalidArgument,
+                "--spares {} needs ULFM (run under Open MPI 5 with `mpirun --with-ft ulfm`): spares replace "
+                "failed members in place",
+                spares);
+  }
+  if (size <= spares) {
+    SINEW_THROW(InvalidArgument,
+                "--spares {} needs more than {} processes (members plus spares), this job has {}: launch "
+                "with `mpirun -n <ranks + spares>`",
+                spares, spares, size);
+  }
+  const int members = size - spares;
+  mpi::Communicator pool = world.dup();
+  MPI_Comm view = MPI_COMM_NULL;
+  SINEW_MPI(MPI_Comm_split(pool.get(), rank < members ? 0 : MPI_UNDEFINED, rank, &view));
+  Group g(mpi::Communicator(view), 0, Role::kInitial, rank, std::move(spawn));
+  g.pool_ = std::move(pool);
+  for (int r = members; r < size; ++r) g.spare_ranks_.push_back(r);
+  if (rank >= members) {
+    g.spare_ = true;
+    g.rank_ = -1;
+    g.size_ = members;
+  }
+  return g;
 }
 
 Group Group::over(const mpi::Communicator& comm, SpawnCommand spawn) {
@@ -307,7 +345,200 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
   epoch_ = epoch;
   rep.added = n;
   if (role_ == Role::kInitial) role_ = Role::kSurvivor;
+  // Spawning comes after the spares are used up; the new members are in no pool, so the group has none.
+  pool_.destroy();
+  spare_ranks_.clear();
   return rep;
+}
+
+namespace {
+constexpr int kPoolTag = 7301;  ///< the members' dismissal of the spares
+constexpr int kDismiss = 1;
+
+/// What each process of the shrunk pool brings to a reform.
+struct PoolEntry {
+  std::int32_t member = 0;  ///< 1: a member of the old view; 0: a spare
+  std::int32_t leaving = 0;
+  std::int32_t old_rank = -1;
+  std::int32_t old_size = 0;
+  std::int32_t want_size = 0;  ///< the members' (all alike); a spare brings 0
+  std::int32_t pad = 0;
+  std::uint64_t epoch = 0;
+};
+const int kDismissMessage = kDismiss;  // the send buffer outlives the (freed) request
+}  // namespace
+
+std::optional<ShrinkReport> Group::wait_as_spare(std::chrono::milliseconds poll) {
+#if SINEW_HAVE_ULFM
+  ShrinkReport rep;
+  while (spare_) {
+    int msg = 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_Irecv(&msg, 1, MPI_INT, MPI_ANY_SOURCE, kPoolTag, pool_.get(), &req);
+    for (;;) {
+      int done = 0;
+      if (rc == MPI_SUCCESS) rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      int cls = MPI_SUCCESS;
+      if (rc != MPI_SUCCESS) MPI_Error_class(rc, &cls);
+      if (cls == MPIX_ERR_PROC_FAILED_PENDING || cls == MPIX_ERR_PROC_FAILED) {
+        // A process of the pool died (a member or another spare). The members will reform if it was
+        // one of them; the receive from any source goes on once the failure is acknowledged.
+        MPIX_Comm_failure_ack(pool_.get());
+        if (cls == MPIX_ERR_PROC_FAILED) {
+          rc = MPI_Irecv(&msg, 1, MPI_INT, MPI_ANY_SOURCE, kPoolTag, pool_.get(), &req);
+        } else {
+          rc = MPI_SUCCESS;
+        }
+        continue;
+      }
+      if (rc != MPI_SUCCESS) break;  // revoked: the members reform
+      if (done != 0) {
+        if (msg == kDismiss) return std::nullopt;
+        break;
+      }
+      std::this_thread::sleep_for(poll);
+    }
+    if (req != MPI_REQUEST_NULL) MPI_Request_free(&req);
+    rep = reform(0, false);
+  }
+  return rep;
+#else
+  (void)poll;
+  return std::nullopt;
+#endif
+}
+
+ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook) {
+  ShrinkReport rep;
+#if SINEW_HAVE_ULFM
+  const bool was_member = !spare_;
+  rep.from_size = size_;
+  const int old_rank = rank_;
+  for (;;) {
+    ++rep.attempts;
+    if (hook && was_member) hook(rep.attempts);
+    auto t = Clock::now();
+    if (comm_.valid()) MPIX_Comm_revoke(comm_.get());
+    MPIX_Comm_revoke(pool_.get());
+    rep.revoke_ms += ms_since(t);
+    t = Clock::now();
+    MPI_Comm shrunk = MPI_COMM_NULL;
+    const int rc = MPIX_Comm_shrink(pool_.get(), &shrunk);
+    rep.shrink_ms += ms_since(t);
+    if (rc != MPI_SUCCESS)
+      SINEW_THROW(CommFailure, "MPIX_Comm_shrink of the pool failed: {}", mpi::error_string(rc));
+    pool_ = mpi::Communicator(shrunk);
+    t = Clock::now();
+    // Who is left, and what each was. A member's entry is the same in every attempt: it describes the
+    // view before this change.
+    PoolEntry mine;
+    mine.member = was_member ? 1 : 0;
+    mine.leaving = leaving ? 1 : 0;
+    mine.old_rank = old_rank;
+    mine.old_size = rep.from_size;
+    mine.want_size = was_member ? want_size : 0;
+    mine.epoch = epoch_;
+    const int n = pool_.size();
+    std::vector<PoolEntry> all(static_cast<std::size_t>(n));
+    int ok = MPI_Allgather(&mine, sizeof(PoolEntry), MPI_BYTE, all.data(), sizeof(PoolEntry), MPI_BYTE,
+                           pool_.get()) == MPI_SUCCESS;
+    // The new view: surviving members in their order, then the first spares; the pool keeps all but
+    // the leaving ones.
+    std::vector<int> key(static_cast<std::size_t>(n), -1);
+    int survivors = 0, from_size = 0, want = 0;
+    std::uint64_t epoch = 0;
+    std::vector<int> idle;
+    for (int r = 0; r < n; ++r) {
+      const auto& e = all[static_cast<std::size_t>(r)];
+      if (e.member != 0) {
+        from_size = std::max(from_size, e.old_size);
+        want = std::max(want, e.want_size);
+        epoch = std::max(epoch, e.epoch);
+        if (e.leaving == 0) {
+          key[static_cast<std::size_t>(r)] = e.old_rank;
+          ++survivors;
+        }
+      }
+    }
+    const int promote = std::max(0, want - survivors);
+    int promoted = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto& e = all[static_cast<std::size_t>(r)];
+      if (e.member != 0) continue;
+      if (promoted < promote) {
+        key[static_cast<std::size_t>(r)] = INT_MAX / 2 + r;
+        ++promoted;
+      } else {
+        idle.push_back(r);
+      }
+    }
+    const int me = pool_.rank();
+    MPI_Comm next_pool = MPI_COMM_NULL, view = MPI_COMM_NULL;
+    if (ok != 0) ok = MPI_Comm_split(pool_.get(), leaving ? MPI_UNDEFINED : 0, me, &next_pool) == MPI_SUCCESS;
+    if (ok != 0) {
+      const int k = key[static_cast<std::size_t>(me)];
+      ok = MPI_Comm_split(pool_.get(), k >= 0 ? 0 : MPI_UNDEFINED, std::max(k, 0), &view) == MPI_SUCCESS;
+    }
+    // A process that failed here interrupts the others still inside these collectives.
+    if (ok == 0) MPIX_Comm_revoke(pool_.get());
+    const int arc = MPIX_Comm_agree(pool_.get(), &ok);
+    rep.agree_ms += ms_since(t);
+    if (arc != MPI_SUCCESS || ok == 0) {
+      if (next_pool != MPI_COMM_NULL) MPI_Comm_free(&next_pool);
+      if (view != MPI_COMM_NULL) MPI_Comm_free(&view);
+      spdlog::warn("a process failed while the pool was reforming (attempt {}): {}; reforming again",
+                   rep.attempts, mpi::error_string(arc != MPI_SUCCESS ? arc : MPI_ERR_OTHER));
+      MPIX_Comm_failure_ack(pool_.get());
+      continue;
+    }
+    rep.from_size = from_size;
+    rep.lost = from_size - survivors -
+               static_cast<int>(std::count_if(all.begin(), all.end(), [](const PoolEntry& e) {
+                 return e.member != 0 && e.leaving != 0;
+               }));
+    rep.promoted = promoted;
+    comm_.destroy();
+    // The spares' ranks in the new pool: the split kept the order and dropped only leaving processes.
+    spare_ranks_.clear();
+    for (int r : idle) {
+      int before = 0;
+      for (int q = 0; q < r; ++q) before += all[static_cast<std::size_t>(q)].leaving;
+      spare_ranks_.push_back(r - before);
+    }
+    pool_ = next_pool != MPI_COMM_NULL ? mpi::Communicator(next_pool) : mpi::Communicator();
+    epoch_ = epoch + 1;
+    if (view != MPI_COMM_NULL) {
+      adopt(mpi::Communicator(view));
+      if (spare_) {
+        spare_ = false;
+        role_ = Role::kRecovered;
+      } else if (role_ == Role::kInitial) {
+        role_ = Role::kSurvivor;
+      }
+    } else {
+      rank_ = -1;  // a spare still, or a member that left
+      size_ = spare_ ? survivors + promoted : 0;
+    }
+    break;
+  }
+  return rep;
+#else
+  (void)want_size;
+  (void)leaving;
+  (void)hook;
+  SINEW_THROW(CommFailure, "hot spares need ULFM");
+#endif
+}
+
+void Group::dismiss_spares() {
+  if (!pool_.valid() || spare_) return;
+  // Every member tells every spare, so that the spares leave even if a member dies now; a spare that
+  // died is simply not told (the error is expected and ignored).
+  for (int r : spare_ranks_) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(&kDismissMessage, 1, MPI_INT, r, kPoolTag, pool_.get(), &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
 }
 
 void Group::split_leave(bool leaving) {

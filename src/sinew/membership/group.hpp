@@ -5,6 +5,10 @@
 //            ULFM, retried while members keep failing during the recovery itself (docs/fault-tolerance.md)
 //   grow     MPI_Comm_spawn of new processes + MPI_Intercomm_merge; the new members come last in rank order
 //   leave    members asked to go (job server, signal) split off at a step boundary; not a failure
+//   reform   with hot spares (attach(spawn, spares)): the members and the idle spares share a pool
+//            communicator; every change (a failure, promoting spares, a leave) revokes and shrinks the
+//            pool and splits the new view off it, so a failed member is replaced by a spare that is
+//            already running and has its data loaded, instead of a process being spawned
 //
 // Every change increments the epoch. The view's communicator is only used by the group itself; traffic
 // (gradients, state, checkpoints) goes through backends built over it, rebuilt after every change.
@@ -17,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,8 +69,10 @@ struct ShrinkReport {
   double revoke_ms = 0;
   double shrink_ms = 0;
   double agree_ms = 0;
-  int attempts = 0;  ///< > 1 when members failed during the recovery itself
-  int lost = 0;      ///< members no longer in the view
+  int attempts = 0;   ///< > 1 when members failed during the recovery itself
+  int lost = 0;       ///< members no longer in the view
+  int promoted = 0;   ///< reform(): spares that became members
+  int from_size = 0;  ///< reform(): the view's size before the change
 };
 
 /// Wall-clock cost of one growth, in milliseconds.
@@ -126,6 +133,10 @@ class Group {
   /// group's grow() starts new members with: SpawnCommand::of_this_process(argc, argv) from main().
   /// Throws JoinFailed if a spawned process cannot join.
   static Group attach(SpawnCommand spawn);
+  /// As attach(spawn), with the last `spares` processes of MPI_COMM_WORLD held back as hot spares: they
+  /// are in no view (spare() is true, rank() is -1) and call wait_as_spare(). Needs ULFM and more than
+  /// `spares` processes; throws InvalidArgument otherwise.
+  static Group attach(SpawnCommand spawn, int spares);
   /// A group over a duplicate of `comm` (tests, embedding in a larger application); it can grow only if
   /// given a spawn command. Collective over `comm`.
   static Group over(const mpi::Communicator& comm, SpawnCommand spawn = {});
@@ -144,6 +155,12 @@ class Group {
   /// The rank this process had in MPI_COMM_WORLD at launch (for over(): in that communicator); -1 for a
   /// process spawned by grow().
   [[nodiscard]] int launch_rank() const noexcept { return launch_rank_; }
+  /// A hot spare: in the pool, not in the view (rank() is -1).
+  [[nodiscard]] bool spare() const noexcept { return spare_; }
+  /// Idle spares in the pool at its last change (some may have died since; reform() counts again).
+  [[nodiscard]] int spares() const noexcept { return static_cast<int>(spare_ranks_.size()); }
+  /// True while the group has a pool (it was made with spares and has not grown by spawning since).
+  [[nodiscard]] bool pooled() const noexcept { return pool_.valid(); }
   /// What grow() starts new members with; empty if the group was made without one.
   [[nodiscard]] const SpawnCommand& spawn_command() const noexcept { return spawn_; }
 
@@ -176,6 +193,22 @@ class Group {
   /// if they cannot join.
   GrowReport grow(int n, std::chrono::milliseconds deadline = std::chrono::milliseconds(30000));
 
+  /// For a spare: waits, without spinning on a core (it polls every `poll`), until the members change the
+  /// view. Returns the reform's report once this process was promoted (it is a member now, role()
+  /// kRecovered, and takes its state from the members' memory), nothing when the members dismissed the
+  /// spares (training is over). Members dying meanwhile only wake it when the members reform.
+  std::optional<ShrinkReport> wait_as_spare(std::chrono::milliseconds poll = std::chrono::milliseconds(1));
+
+  /// Collective over the pool (members, and the spares woken by it): revokes the view and the pool,
+  /// shrinks the pool to the live processes and splits the new view off it: the surviving members in
+  /// their order, then up to `want_size` minus their number of spares (promoted, last in rank order).
+  /// Members with `leaving` true leave the pool as well. Retried while processes fail during it; `hook`
+  /// runs at the start of every attempt. Throws CommFailure if MPI cannot shrink at all.
+  ShrinkReport reform(int want_size, bool leaving, const RecoveryHook& hook = {});
+
+  /// At the end of training (every member calls it): tells the idle spares to leave. No-op without a pool.
+  void dismiss_spares();
+
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);
   /// the others continue in a new view. A leaving member must stop using the group.
   void split_leave(bool leaving);
@@ -191,6 +224,10 @@ class Group {
   Role role_ = Role::kInitial;
   int launch_rank_ = -1;
   SpawnCommand spawn_;
+  // Hot spares: the pool (members and spares), this process's place in it, the spares' pool ranks.
+  mpi::Communicator pool_;
+  bool spare_ = false;
+  std::vector<int> spare_ranks_;
 };
 
 }  // namespace sinew::membership

@@ -72,9 +72,10 @@ struct Config {
   std::string resume = "auto";    ///< auto | never | PATH
   // elasticity (docs/fault-tolerance.md)
   ElasticMode elastic = ElasticMode::kInplace;
-  int min_ranks = 1;                        ///< below this many ranks: checkpoint and stop (exit code 75)
-  int max_ranks = 0;                        ///< size to grow back to by spawning (0: the launch size)
-  bool grow = true;                         ///< spawn replacements after a failure, up to max_ranks
+  int min_ranks = 1;  ///< below this many ranks: checkpoint and stop (exit code 75)
+  int max_ranks = 0;  ///< size to grow back to by spawning (0: the launch size)
+  bool grow = true;   ///< spawn replacements after a failure, up to max_ranks
+  int spares = 0;     ///< hot spares: the last N launched processes wait and replace failed ranks
   LrScaling lr_scaling = LrScaling::kNone;  ///< lr follows the global batch on every resize
   std::int64_t rescale_ramp_steps = 20;  ///< after growth the lr ramps to its new value over this many steps
   std::size_t global_batch = 0;  ///< keep this global batch on every size by gradient accumulation (0: off)

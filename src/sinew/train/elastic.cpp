@@ -69,6 +69,7 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   ev.from_world_size = from;
   ev.detected_unix_time = unix_now_s();
   spdlog::warn("failure at step {}: {}; recovering in place", ev.step + 1, e.message());
+  const auto hook = [this](int) { faults_.at(fault::Point::kRecovery, state_.pos().step + 1); };
   for (;;) {
     try {
       // Abort the old view's backends first (NCCL, then the MPI revoke): a member blocked in them (the
@@ -77,27 +78,17 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
         ev.on_device = static_cast<bool>(setup_.attach_device);
         ev.nccl_abort_ms += fabric_->abort();
       }
-      const auto sr =
-          group_.shrink([this](int) { faults_.at(fault::Point::kRecovery, state_.pos().step + 1); });
+      // With hot spares the pool is reformed: the survivors plus as many spares as members were lost
+      // (back to the size before the failure); without, the view shrinks to the survivors.
+      const auto sr = group_.pooled() ? group_.reform(from, /*leaving=*/false, hook) : group_.shrink(hook);
       fabric_.reset();
       ev.revoke_ms += sr.revoke_ms;
       ev.shrink_ms += sr.shrink_ms;
       ev.agree_ms += sr.agree_ms;
       ev.attempts += sr.attempts;
       ev.lost += sr.lost;
-      const auto t = Clock::now();
-      connect();
-      ev.rebuild_ms = ms_since(t);
-      ev.nccl_init_ms = fabric_->nccl_init_ms();
-      ev.sync_ms = synchronise();
-      rescale(from, "failure");
-      // Every survivor now holds the same position, hence the same target.
-      const int target = control_.target_size(state_.pos());
-      if (cfg_.grow && target > fabric_->size()) {
-        const auto tg = Clock::now();
-        grow_to(target, "replace failed ranks");
-        ev.spawn_ms += ms_since(tg);
-      }
+      ev.promoted += sr.promoted;
+      settle(from, "failure", &ev);
       break;
     } catch (const CommFailure& again) {
       spdlog::warn("another failure during recovery: {}; recovering again", again.message());
@@ -119,11 +110,19 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   sh.membership_epoch = group_.epoch();
   events_.emit(sh);
   if (fabric_->rank() == 0) {
+    const int spawned = world - (from - ev.lost) - ev.promoted;
+    std::string back;
+    if (world > from - ev.lost) {
+      back = fmt::format(", back to {} (", world);
+      if (ev.promoted > 0) back += fmt::format("{} hot spare{}", ev.promoted, ev.promoted > 1 ? "s" : "");
+      if (ev.promoted > 0 && spawned > 0) back += ", ";
+      if (spawned > 0) back += fmt::format("{} spawned in {:.0f} ms", spawned, ev.spawn_ms);
+      back += ")";
+    }
     spdlog::warn(
         "recovered in place: {} -> {} ranks{} ({}revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
         "rebuild {:.1f} ms, state sync {:.1f} ms); continuing at step {}",
-        from, from - ev.lost,
-        world > from - ev.lost ? fmt::format(", grown back to {} (spawn {:.0f} ms)", world, ev.spawn_ms) : "",
+        from, from - ev.lost, back,
         ev.on_device
             ? fmt::format("NCCL abort {:.1f} ms, NCCL init {:.1f} ms, ", ev.nccl_abort_ms, ev.nccl_init_ms)
             : "",
@@ -133,16 +132,71 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   return rep;
 }
 
+void ElasticController::settle(int from, const char* why, FailureEvent* ev) {
+  const auto t = Clock::now();
+  connect();
+  const double rebuild = ms_since(t);
+  const double nccl_init = fabric_->nccl_init_ms();
+  const double sync = synchronise();
+  if (ev != nullptr) {
+    ev->rebuild_ms = rebuild;
+    ev->nccl_init_ms = nccl_init;
+    ev->sync_ms = sync;
+  }
+  rescale(from, why);
+  // Every member now holds the same position, hence the same target.
+  const int target = control_.target_size(state_.pos());
+  if (cfg_.grow && target > fabric_->size()) {
+    const auto tg = Clock::now();
+    grow_to(target, "replace failed ranks");
+    if (ev != nullptr) ev->spawn_ms += ms_since(tg);
+  }
+}
+
+void ElasticController::join_promoted(const membership::ShrinkReport& how) {
+  // The members are in recover() or grow_to(), right after their reform: take the same steps. This
+  // process has no state of its own; the synchronisation takes the most advanced member's.
+  state_.pos().step = -1;
+  try {
+    settle(how.from_size, how.lost > 0 ? "failure" : "grow", nullptr);
+  } catch (const CommFailure& e) {
+    // A member died while this spare was joining: it is a member now and takes part in the recovery.
+    recover(e);
+  }
+}
+
 void ElasticController::grow_to(int target, const char* why) {
   const int from = fabric_->size();
   fabric_.reset();
   const auto t = Clock::now();
   faults_.at(fault::Point::kSpawn, state_.pos().step + 1);
-  membership::GrowReport rep;
   GrowEvent ev;
   ev.reason = why;
   ev.step = state_.pos().step;
   ev.from_world_size = from;
+  if (group_.pooled() && group_.spares() > 0) {
+    // Hot spares first: they are running already and have the data loaded. They join the members'
+    // next steps (join_promoted); a shortfall (spares that died meanwhile) is spawned by settle().
+    const auto sr = group_.reform(target, /*leaving=*/false);
+    ev.promoted = sr.promoted;
+    ev.ms = ms_since(t);
+    const auto tc = Clock::now();
+    connect();
+    ev.rebuild_ms = ms_since(tc);
+    ev.sync_ms = synchronise();
+    ev.world_size = fabric_->size();
+    ev.membership_epoch = group_.epoch();
+    events_.emit(ev);
+    if (fabric_->rank() == 0) {
+      spdlog::info(
+          "grew from {} to {} ranks ({}): {} hot spare{} promoted in {:.1f} ms, state sync {:.1f} ms", from,
+          fabric_->size(), why, sr.promoted, sr.promoted == 1 ? "" : "s", ev.ms, ev.sync_ms);
+    }
+    rescale(from, "grow");
+    if (target > fabric_->size()) grow_to(target, why);
+    return;
+  }
+  membership::GrowReport rep;
   try {
     // The spawn has its own deadline, far shorter than the collectives' one: a spawn that cannot complete
     // (Open MPI 5.0.7 blocks it for ever when a member dies during it) is given up, not waited for.
@@ -183,7 +237,11 @@ bool ElasticController::leave(const std::vector<bool>& leaving, const char* why)
   fabric_->algorithm().consensus();  // what the leaving ranks learned stays with the group
   if (me) spdlog::info("leaving the group at step {} ({})", state_.pos().step, why);
   fabric_.reset();
-  group_.split_leave(me);
+  if (group_.pooled()) {
+    group_.reform(0, me);  // the spares wake for it and stay spares
+  } else {
+    group_.split_leave(me);
+  }
   if (me) return true;
   connect();
   ShrinkEvent ev;

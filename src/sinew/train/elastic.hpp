@@ -5,7 +5,8 @@
 //             agree; membership::Group) -> build a new fabric -> synchronise the state from the most
 //             advanced survivor -> rescale the lr -> grow back to the target size (spawn). Retried from the
 //             abort if members fail during any of these steps.
-//   grow_to   spawn new members (job server, or replacing failed ones); they take the state from memory.
+//   grow_to   promote hot spares, else spawn new members (job server, or replacing failed ones); they
+//             take the state from memory.
 //   leave     members asked to go (SIGUSR2, job server) split off at a step boundary; not a failure.
 // The controller owns the current view's fabric and writes the membership events (failure, shrink, grow,
 // rescale) and their timings.
@@ -55,8 +56,15 @@ class ElasticController {
   void grow_to(int target, const char* why);
   /// Collective: the members marked in `leaving` leave the group; returns true on a leaving member.
   bool leave(const std::vector<bool>& leaving, const char* why);
+  /// A hot spare just promoted by the members' reform (Group::wait_as_spare() returned true, `how` is
+  /// its report): takes the steps the members take after it, and the state from their memory.
+  void join_promoted(const membership::ShrinkReport& how);
 
  private:
+  /// Collective over a new view (survivors and promoted spares alike): fabric, state, lr, then growth
+  /// up to the target. Timings go to `ev` when given.
+  void settle(int from, const char* why, FailureEvent* ev);
+
   const Config& cfg_;
   membership::Group& group_;
   const FabricSetup& setup_;

@@ -17,6 +17,7 @@ json to_json(const StartEvent& e) {
           {"steps", e.steps},
           {"buckets", e.buckets},
           {"elastic", e.elastic},
+          {"spares", e.spares},
           {"mpi", e.mpi},
           {"ulfm", e.ulfm}};
 }
@@ -67,6 +68,7 @@ json to_json(const FailureEvent& e) {
             {"detected_unix_time", e.detected_unix_time},
             {"world_size", e.world_size},
             {"lost", e.lost},
+            {"promoted", e.promoted},
             {"attempts", e.attempts},
             {"membership_epoch", e.membership_epoch},
             {"revoke_ms", e.revoke_ms},
@@ -124,6 +126,7 @@ json to_json(const GrowEvent& e) {
           {"merge_ms", e.merge_ms},
           {"rebuild_ms", e.rebuild_ms},
           {"sync_ms", e.sync_ms},
+          {"promoted", e.promoted},
           {"ms", e.ms}};
 }
 

@@ -23,6 +23,7 @@ struct StartEvent {
   std::size_t params = 0, batch_size = 0, global_batch = 0;
   std::int64_t steps = 0;
   std::size_t buckets = 0;
+  int spares = 0;  ///< idle hot spares (--spares)
   std::string elastic, mpi;
   bool ulfm = false;
 };
@@ -67,6 +68,7 @@ struct FailureEvent {
   std::int64_t step = 0;  ///< the last completed step when the failure was seen
   std::string error;
   int from_world_size = 0, world_size = 0, lost = 0, attempts = 0;
+  int promoted = 0;  ///< hot spares that replaced lost members (--spares); the rest were spawned
   double detected_unix_time = 0;
   std::uint64_t membership_epoch = 0;
   double revoke_ms = 0, shrink_ms = 0, agree_ms = 0, spawn_ms = 0, rebuild_ms = 0, sync_ms = 0;
@@ -102,6 +104,7 @@ struct GrowEvent {
   int from_world_size = 0, world_size = 0;
   std::uint64_t membership_epoch = 0;
   double spawn_ms = 0, merge_ms = 0, rebuild_ms = 0, sync_ms = 0, ms = 0;
+  int promoted = 0;  ///< hot spares that became members (--spares), instead of spawned processes
   std::string error;
 };
 

@@ -135,6 +135,9 @@ po::options_description describe(Config& c, std::string& config_file) {
       "grow back to this many ranks by spawning (0: the launch size)")(
       "grow", po::value(&c.grow)->default_value(c.grow)->value_name("BOOL"),
       "spawn replacements for failed ranks, up to --max-ranks")(
+      "spares", po::value(&c.spares)->default_value(c.spares)->value_name("N"),
+      "hot spares: the last N processes of the launch (mpirun -n RANKS+N) load the data and wait; a "
+      "failed rank is replaced by one of them (spawning once none is left)")(
       "lr-scaling",
       po::value(&c.lr_scaling)
           ->default_value(c.lr_scaling, std::string(name_of(kLrScalingNames, c.lr_scaling)))
@@ -283,6 +286,14 @@ void validate(const Config& c) {
   if (c.max_ranks < 0) SINEW_THROW(InvalidArgument, "--max-ranks must be >= 0, got {}", c.max_ranks);
   if (c.max_ranks > 0 && c.max_ranks < c.min_ranks) {
     SINEW_THROW(InvalidArgument, "--max-ranks {} is below --min-ranks {}", c.max_ranks, c.min_ranks);
+  }
+  if (c.spares < 0 || c.spares > 4096) {
+    SINEW_THROW(InvalidArgument, "--spares must be in [0, 4096], got {}", c.spares);
+  }
+  if (c.spares > 0 && (c.elastic != ElasticMode::kInplace || !c.grow)) {
+    SINEW_THROW(InvalidArgument,
+                "--spares {} replaces failed ranks in place: it needs --elastic inplace and --grow true",
+                c.spares);
   }
   if (c.rescale_ramp_steps < 0) {
     SINEW_THROW(InvalidArgument, "--rescale-ramp-steps must be >= 0, got {}", c.rescale_ramp_steps);

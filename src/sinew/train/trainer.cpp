@@ -141,7 +141,9 @@ struct Trainer::Impl {
         setup(fabric_setup()),
         elastic(cfg, group, setup, state, lr, control, events, faults),
         checkpoints(cfg, setup.op, state, events, generation) {
-    if (group.role() == membership::Role::kRecovered) {
+    if (group.spare()) {
+      // A hot spare: the data and the model are loaded; it waits in run() until it is promoted.
+    } else if (group.role() == membership::Role::kRecovered) {
       // Spawned to replace failed ranks: the parents are in grow_to() -> connect() -> synchronise().
       state.pos().step = -1;
       try {
@@ -546,6 +548,7 @@ struct Trainer::Impl {
     e.steps = total;
     e.buckets = f.num_buckets();
     e.elastic = name_of(kElasticNames, cfg.elastic);
+    e.spares = group.spares();
     e.mpi = mpi::library_version();
     e.ulfm = mpi::ulfm_enabled();
     events.emit(e);
@@ -553,6 +556,19 @@ struct Trainer::Impl {
 
   Summary run() {
     Summary sum;
+    if (group.spare()) {
+      // Waits without a core until the members reform the pool. Dismissed at the end: it never trained,
+      // and leaves like a member that left on request.
+      const auto how = group.wait_as_spare();
+      if (!how) {
+        sum.left = true;
+        return sum;
+      }
+      spdlog::info("hot spare (launch rank {}) promoted to rank {} of {}", group.launch_rank(), group.rank(),
+                   group.size());
+      elastic.join_promoted(*how);
+      lr.build_schedule(state.pos());
+    }
     const auto t0 = Clock::now();
     announce_start();
     const bool inplace = cfg.elastic == ElasticMode::kInplace && mpi::ulfm_enabled();
@@ -585,6 +601,7 @@ struct Trainer::Impl {
       }
     }
     sum.checkpoint_error = checkpoints.error();
+    if (end != After::kLeft) group.dismiss_spares();  // training is over: the idle spares leave
     if (end == After::kLeft) {
       sum.left = true;
       return sum;
