@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
     }
     join_deadline.joined();
     auto& group = *joined;
+    // Every process (members, spares, a spawned replacement) watches another one for stalls.
+    group.watch(std::chrono::milliseconds(cfg.stall_timeout_ms));
     sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
       spdlog::info("{} ({} ranks{}; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),

@@ -29,7 +29,7 @@ fi
 
 mkdir -p "$workdir"
 d=$(mktemp -d -p "$workdir")  # one fresh directory per run of the scenario
-trap 'rm -rf "$d"' EXIT
+trap "[ -n \"\${KEEP:-}\" ] || rm -rf \"\$d\"" EXIT
 
 common=(--dataset fashion-mnist --limit-train $limit --limit-test 2000 --model mlp:64 --epochs $epochs
         --batch-size 32 --progress false --log-every 5
@@ -310,21 +310,32 @@ case "$scenario" in
     wait $job
     check $? --failures 1 --event recovered --final-world-size 3
     ;;
-  sigstop)
-    # ULFM's heartbeat detector declares a process that stops answering failed (here after 10 s).
-    # Without its own thread (see docs/fault-tolerance.md) a process only sends heartbeats from inside MPI
-    # calls, so the timeout must exceed the longest stretch without one: at start-up, four ranks load the
-    # data set on two cores for several seconds, and a 3 s timeout declared healthy ranks failed there.
-    mpiexec+=(--mca mpi_ft_detector true --mca mpi_ft_detector_period 0.5
-              --mca mpi_ft_detector_timeout 10)
-    run 150 --grow false --step-sleep-ms 15 &
+  sigstop | sigstop-spare)
+    # A process that stops without dying (SIGSTOP), in the default configuration: Sinew's own detector
+    # (--stall-timeout-ms, 10 s) fences it (SIGKILL) and the others recover in place, before the
+    # collectives' deadline (30 s here, 300 s by default). With a hot spare, the spare takes its place.
+    extra=(--grow false)
+    [ "$scenario" = sigstop-spare ] && extra=(--spares 1) && n=5
+    run 150 "${extra[@]}" --step-sleep-ms 15 &
     job=$!
-    wait_for_step 30 && p=$(pid_of_rank 2) && kill -STOP "$p"
-    # Once the others have recovered without it, it is killed: a process that was declared failed must
-    # not run on (docs/fault-tolerance.md); the audit shows that it contributed nothing after that.
-    wait_for_event recovered && kill -9 "$p"
+    wait_for_step 30 && p=$(pid_of_rank 2) && stopped=$(date +%s.%N) && kill -STOP "$p"
     wait $job
-    check $? --failures 1 --event recovered --final-world-size 3
+    rc=$?
+    python3 - "$d/metrics.jsonl" "$stopped" <<'EOF' || rc=1
+import json, sys
+f = [json.loads(l) for l in open(sys.argv[1]) if '"event":"failure"' in l]
+if not f:
+    sys.exit("FAIL: no failure event")
+late = f[0]["detected_unix_time"] - float(sys.argv[2])
+print(f"stopped rank excluded {late:.1f} s after SIGSTOP (stall timeout 10 s)")
+sys.exit(0 if late <= 20 else "FAIL: exclusion took longer than 20 s")
+EOF
+    grep -q "fenced (SIGKILL)" "$d/out.txt" || { echo "FAIL $scenario: no fencing message"; rc=1; }
+    if [ "$scenario" = sigstop-spare ]; then
+      check $rc --failures 1 --field failure.promoted=1 --final-world-size 4
+    else
+      check $rc --failures 1 --event recovered --final-world-size 3
+    fi
     ;;
   restart | restart-debian)
     # Restart mode: the supervisor relaunches on the surviving slots from the latest checkpoint. Under

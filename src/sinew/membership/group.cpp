@@ -194,6 +194,7 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
   }
   ShrinkReport rep;
   const int before = size_;
+  live_.reset();  // the detector's ring includes the failed members; rebuilt over the new view below
   for (;;) {
     ++rep.attempts;
     if (hook) hook(rep.attempts);
@@ -223,6 +224,7 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
   }
   rep.lost = before - size_;
   role_ = role_ == Role::kRecovered ? Role::kRecovered : Role::kSurvivor;
+  rewatch();
   return rep;
 #else
   (void)hook;
@@ -245,6 +247,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
                      SourceLocation::current());
   }
   const bool ft = SINEW_HAVE_ULFM != 0 && mpi::ulfm_enabled();
+  live_.reset();  // rebuilt over the grown view, with the new members (they call watch() after attach())
   auto call = std::make_shared<SpawnCall>();
   call->errcodes.assign(static_cast<std::size_t>(n), MPI_SUCCESS);
   MPI_Info info = MPI_INFO_NULL;
@@ -320,6 +323,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
         MPIX_Comm_failure_ack(comm_.get());
         SINEW_THROW(CommFailure, "a member failed while the group was growing: {}", mpi::error_string(arc));
       }
+      rewatch();  // every member alive, the view unchanged
       throw SpawnError(fmt::format("could not start {} new processes: {}", n,
                                    why.empty() ? "another member's spawn failed" : why),
                        SourceLocation::current());
@@ -327,6 +331,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
   }
 #endif
   if (!why.empty()) {
+    rewatch();
     throw SpawnError(fmt::format("could not start {} new processes: {}", n, why), SourceLocation::current());
   }
   rep.spawn_ms = ms_since(t);
@@ -348,6 +353,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
   // Spawning comes after the spares are used up; the new members are in no pool, so the group has none.
   pool_.destroy();
   spare_ranks_.clear();
+  rewatch();
   return rep;
 }
 
@@ -365,7 +371,7 @@ struct PoolEntry {
   std::int32_t pad = 0;
   std::uint64_t epoch = 0;
 };
-const int kDismissMessage = kDismiss;  // the send buffer outlives the (freed) request
+const int kDismissMessage = kDismiss;
 }  // namespace
 
 std::optional<ShrinkReport> Group::wait_as_spare(std::chrono::milliseconds poll) {
@@ -414,6 +420,7 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
   const bool was_member = !spare_;
   rep.from_size = size_;
   const int old_rank = rank_;
+  live_.reset();
   for (;;) {
     ++rep.attempts;
     if (hook && was_member) hook(rep.attempts);
@@ -521,6 +528,7 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
     }
     break;
   }
+  rewatch();
   return rep;
 #else
   (void)want_size;
@@ -530,18 +538,31 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
 #endif
 }
 
+void Group::watch(std::chrono::milliseconds timeout) {
+  watch_ = timeout;
+  rewatch();
+}
+
+void Group::rewatch() {
+  live_.reset();
+  if (watch_.count() <= 0) return;
+  const mpi::Communicator& over = pool_.valid() ? pool_ : comm_;
+  if (over.valid()) live_ = std::make_unique<Liveness>(over, watch_);
+}
+
 void Group::dismiss_spares() {
   if (!pool_.valid() || spare_) return;
   // Every member tells every spare, so that the spares leave even if a member dies now; a spare that
-  // died is simply not told (the error is expected and ignored).
-  for (int r : spare_ranks_) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Isend(&kDismissMessage, 1, MPI_INT, r, kPoolTag, pool_.get(), &req) == MPI_SUCCESS)
-      MPI_Request_free(&req);
-  }
+  // died is simply not told (the error is expected and ignored). The sends are small (eager): they
+  // complete at once.
+  std::vector<MPI_Request> reqs(spare_ranks_.size(), MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    MPI_Isend(&kDismissMessage, 1, MPI_INT, spare_ranks_[i], kPoolTag, pool_.get(), &reqs[i]);
+  for (auto& r : reqs) mpi::complete_or_cancel(r, std::chrono::milliseconds(1000));
 }
 
 void Group::split_leave(bool leaving) {
+  live_.reset();
   MPI_Comm next = MPI_COMM_NULL;
   SINEW_MPI(MPI_Comm_split(comm_.get(), leaving ? MPI_UNDEFINED : 0, rank_, &next));
   comm_.destroy();
@@ -553,6 +574,7 @@ void Group::split_leave(bool leaving) {
   }
   adopt(mpi::Communicator(next));
   if (role_ == Role::kInitial) role_ = Role::kSurvivor;
+  rewatch();
 }
 
 }  // namespace sinew::membership

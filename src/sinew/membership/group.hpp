@@ -28,6 +28,7 @@
 
 #include "sinew/core/error.hpp"
 #include "sinew/core/names.hpp"
+#include "sinew/membership/liveness.hpp"
 #include "sinew/mpi/communicator.hpp"
 
 namespace sinew::membership {
@@ -209,6 +210,13 @@ class Group {
   /// At the end of training (every member calls it): tells the idle spares to leave. No-op without a pool.
   void dismiss_spares();
 
+  /// Collective over the pool (or the view): from now on every process watches another for stalls
+  /// (Liveness: a process silent for `timeout` is fenced), over every view this group takes. A process
+  /// spawned by grow() calls it too, right after attach(). Zero stops watching.
+  void watch(std::chrono::milliseconds timeout);
+  /// Processes this one fenced since the last change of membership.
+  [[nodiscard]] int fenced() const noexcept { return live_ ? live_->fenced() : 0; }
+
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);
   /// the others continue in a new view. A leaving member must stop using the group.
   void split_leave(bool leaving);
@@ -228,6 +236,10 @@ class Group {
   mpi::Communicator pool_;
   bool spare_ = false;
   std::vector<int> spare_ranks_;
+  // Stall detection over the current pool or view, rebuilt after every change (watch()).
+  std::chrono::milliseconds watch_{0};
+  std::unique_ptr<Liveness> live_;
+  void rewatch();
 };
 
 }  // namespace sinew::membership

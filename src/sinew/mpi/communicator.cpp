@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 #include "sinew/mpi/check.hpp"
 
 namespace sinew::mpi {
@@ -31,6 +33,19 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     owned_ = std::exchange(other.owned_, false);
   }
   return *this;
+}
+
+void complete_or_cancel(MPI_Request& req, std::chrono::milliseconds bound) noexcept {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (req != MPI_REQUEST_NULL) {
+    int done = 0;
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done != 0) return;
+    if (std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (req == MPI_REQUEST_NULL) return;
+  MPI_Cancel(&req);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
 }
 
 Communicator Communicator::dup() const {

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <utility>
 
 namespace sinew::mpi {
@@ -40,6 +41,12 @@ class Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
 };
+
+/// Completes a point-to-point request within `bound` (polling), else cancels it and waits for the
+/// cancellation; errors are ignored. For requests whose outcome does not matter (a heartbeat, a notice to a
+/// process that may have died): never MPI_Request_free them while pending, since a send that fails after
+/// it has nobody to report to (Open MPI 5.0.7 then ended the job with exit code 255 in our runs).
+void complete_or_cancel(MPI_Request& req, std::chrono::milliseconds bound) noexcept;
 
 /// Owns a committed MPI datatype.
 class Datatype {

@@ -64,6 +64,7 @@ struct Config {
   bool overlap = true;
   int timeout_ms = 300000;       ///< deadline of every collective
   int spawn_timeout_ms = 30000;  ///< deadline of a spawn (growth); past it the group goes on at its size
+  int stall_timeout_ms = 10000;  ///< a process silent this long (SIGSTOP, hung) is fenced; 0: off
   // checkpoints
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;

@@ -108,7 +108,10 @@ po::options_description describe(Config& c, std::string& config_file) {
       "reduce buckets on a communication thread during backward")(
       "timeout-ms", po::value(&c.timeout_ms)->default_value(c.timeout_ms), "deadline of every collective")(
       "spawn-timeout-ms", po::value(&c.spawn_timeout_ms)->default_value(c.spawn_timeout_ms),
-      "deadline of a spawn that grows the group; past it the group goes on at its size");
+      "deadline of a spawn that grows the group; past it the group goes on at its size")(
+      "stall-timeout-ms", po::value(&c.stall_timeout_ms)->default_value(c.stall_timeout_ms),
+      "a process that sends no heartbeat for this long (stopped, hung, cut off) is fenced: the runtime "
+      "kills it and the others recover without it (0: off)");
   po::options_description ck("Checkpoints");
   ck.add_options()("checkpoint-dir", po::value(&c.checkpoint_dir)->value_name("DIR"),
                    "write HDF5 checkpoints here (docs/checkpoint-format.md)")(
@@ -255,6 +258,10 @@ void validate(const Config& c) {
   // The spawned processes get twice this as their own join deadline (an int of milliseconds).
   if (c.spawn_timeout_ms < 1 || c.spawn_timeout_ms > 3600000) {
     SINEW_THROW(InvalidArgument, "--spawn-timeout-ms must be in [1, 3600000], got {}", c.spawn_timeout_ms);
+  }
+  if (c.stall_timeout_ms != 0 && (c.stall_timeout_ms < 100 || c.stall_timeout_ms > 3600000)) {
+    SINEW_THROW(InvalidArgument, "--stall-timeout-ms must be 0 (off) or in [100, 3600000], got {}",
+                c.stall_timeout_ms);
   }
   if (c.log_every < 1) SINEW_THROW(InvalidArgument, "--log-every must be >= 1, got {}", c.log_every);
   one_of(c.optimizer, {"sgd", "adam"}, "--optimizer");
