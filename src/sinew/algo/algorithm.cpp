@@ -160,6 +160,7 @@ class QAdam final : public Algorithm {
 class LocalSteps : public Algorithm {
  public:
   [[nodiscard]] bool reduces_gradients(std::int64_t) const final { return false; }
+  [[nodiscard]] bool lockstep() const final { return false; }
   void reduce_bucket(std::span<float>, std::size_t) final {}
   void step(std::int64_t s, float lr) final {
     scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));

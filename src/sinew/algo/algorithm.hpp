@@ -87,6 +87,11 @@ class Algorithm {
   /// by the step's global sample count) or, after reduce_bucket, the global mean itself.
   virtual void step(std::int64_t step, float lr);
   virtual void after_step(std::int64_t step);
+  /// True if every completed step includes every rank's batch (a collective over all ranks in each step).
+  /// False for the algorithms whose ranks complete steps on their own (local steps with model averaging,
+  /// asynchronous averaging): after a failure the group then resumes from its least advanced member, so
+  /// that no batch of a lost rank counts as trained without having been trained (the exactly-once audit).
+  [[nodiscard]] virtual bool lockstep() const { return true; }
   /// Collective: every rank ends with the same parameters and optimiser state.
   virtual void consensus() {}
   /// After the trainer made the state equal on every rank: restart what depends on it.

@@ -106,7 +106,7 @@ Liveness::Liveness(const mpi::Communicator& over, std::chrono::milliseconds time
     socklen_t len = sizeof(a);
     if (fd_ < 0 || ::bind(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 ||
         ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      spdlog::warn("stall detection off in this process: no UDP socket ({})", std::strerror(errno));
+      spdlog::warn("stall detection off in this process: no UDP socket (errno {})", errno);
       if (fd_ >= 0) ::close(fd_);
       fd_ = -1;
     } else {

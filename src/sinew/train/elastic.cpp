@@ -41,10 +41,13 @@ void ElasticController::connect() {
   fabric_ = std::make_unique<Fabric>(group_, setup_);
 }
 
-double ElasticController::synchronise() {
+double ElasticController::synchronise(bool after_failure) {
   const auto t = Clock::now();
-  state_.synchronise(fabric_->backend(), setup_.op);
+  // Algorithms whose ranks step on their own rewind to the last step every member completed (lockstep()).
+  const bool lockstep = fabric_->algorithm().lockstep();
+  state_.synchronise(fabric_->backend(), setup_.op, after_failure && !lockstep);
   fabric_->algorithm().reset();
+  if (!lockstep) state_.mark_agreed();  // every member holds this state now
   return ms_since(t);
 }
 
@@ -137,7 +140,7 @@ void ElasticController::settle(int from, const char* why, FailureEvent* ev) {
   connect();
   const double rebuild = ms_since(t);
   const double nccl_init = fabric_->nccl_init_ms();
-  const double sync = synchronise();
+  const double sync = synchronise(/*after_failure=*/ev != nullptr);  // survivors of a failure pass ev
   if (ev != nullptr) {
     ev->rebuild_ms = rebuild;
     ev->nccl_init_ms = nccl_init;

@@ -42,9 +42,10 @@ class ElasticController {
   /// Collective: builds the fabric over the current view (and lets a new rank 0 take the metrics over).
   void connect();
   [[nodiscard]] Fabric& fabric() noexcept { return *fabric_; }
-  /// Collective after a change: the state of the most advanced member everywhere; the algorithm restarts.
-  /// Returns milliseconds.
-  double synchronise();
+  /// Collective after a change: the state of the most advanced member everywhere (after a failure, with
+  /// an algorithm whose ranks step on their own, as of the last step every member completed); the
+  /// algorithm restarts. Returns milliseconds.
+  double synchronise(bool after_failure = false);
   /// After a resize: the lr factor for the new size, as a rescale event (and a log line).
   void rescale(int from_world, const char* why);
 

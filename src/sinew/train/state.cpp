@@ -118,9 +118,22 @@ void TrainState::apply(const checkpoint::TrainingState& st, const std::string& p
   if (device_ != nullptr) device_->to_device();
 }
 
-double TrainState::synchronise(comm::Backend& backend, const comm::Options& op) {
+void TrainState::mark_agreed() {
+  agreed_pos_ = position();
+  const auto all = tensors();
+  agreed_.resize(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) agreed_[i].assign(all[i].second.begin(), all[i].second.end());
+}
+
+double TrainState::synchronise(comm::Backend& backend, const comm::Options& op, bool rewind) {
   const auto t = Clock::now();
   if (device_ != nullptr) device_->to_host();
+  if (rewind && agreed_pos_ && pos_.step >= 0) {
+    const auto all = tensors();
+    for (std::size_t i = 0; i < all.size() && i < agreed_.size(); ++i)
+      std::copy(agreed_[i].begin(), agreed_[i].end(), all[i].second.begin());
+    restore(*agreed_pos_);
+  }
   Position p = position();
   std::int64_t top[1] = {p.step};
   backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(top)), comm::ReduceOp::kMax, op);

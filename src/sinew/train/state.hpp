@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -94,11 +95,21 @@ class TrainState {
              int rank, int world);
 
   /// Collective over `backend`, after any change of membership: every member takes the state of the
-  /// most advanced one (the lowest rank among those at the highest step: a step that completed anywhere
-  /// completed with every rank's gradients), from memory, then all check that they hold the same bytes
-  /// (InternalError otherwise). Returns milliseconds. A member that has no state yet (a spawned
-  /// replacement) calls it with step -1.
-  double synchronise(comm::Backend& backend, const comm::Options& op);
+  /// most advanced one (the lowest rank among those at the highest step: with a lockstep algorithm a step
+  /// that completed anywhere completed with every rank's gradients), from memory, then all check that
+  /// they hold the same bytes (InternalError otherwise). Returns milliseconds. A member that has no state
+  /// yet (a spawned replacement, a promoted spare) calls it with step -1. `rewind`: every member first
+  /// goes back to its mark_agreed() state (after a failure, for the algorithms whose ranks step on their
+  /// own, algo::Algorithm::lockstep()).
+  double synchronise(comm::Backend& backend, const comm::Options& op, bool rewind = false);
+
+  /// For the algorithms whose ranks complete steps on their own: remembers this member's state as of a
+  /// step that every member is known to have completed (just after a collective over all of them, the
+  /// step-boundary agreement). After a failure the survivors rewind to it: a survivor that got further
+  /// did so without the lost rank, and the lost rank may have been behind everyone; from the agreed step
+  /// every member's batches were trained (the exactly-once audit). Costs a copy of the parameters and
+  /// optimiser state per agreement (every 10 steps).
+  void mark_agreed();
 
   /// --device cuda: the GPU copy of the tensors (not owned; null: the host buffers are the ones trained).
   void set_device(Device* device) noexcept { device_ = device; }
@@ -112,6 +123,8 @@ class TrainState {
   std::uint64_t seed_;
   Position pos_;
   Device* device_ = nullptr;
+  std::optional<Position> agreed_pos_;  // mark_agreed()
+  std::vector<std::vector<float>> agreed_;
 };
 
 }  // namespace sinew::train

@@ -163,6 +163,7 @@ struct Trainer::Impl {
       if (device) device->to_device();
       checkpoints.resume(fabric());
       lr.start(state.pos(), group.size());
+      if (!fabric().algorithm().lockstep()) state.mark_agreed();
     }
     lr.build_schedule(state.pos());
   }
@@ -470,6 +471,8 @@ struct Trainer::Impl {
         control.agree(state.pos(), f.backend(), setup.op, writer != nullptr, CheckpointPolicy::in_flight(f),
                       writer != nullptr && writer->async_ready());
     if (!d.agreed) return After::kContinue;
+    // Every member completed this step (the agreement was a collective over all of them).
+    if (!f.algorithm().lockstep()) state.mark_agreed();
     After next = After::kContinue;
     if (d.stop_signal != 0) {
       next = After::kStop;
