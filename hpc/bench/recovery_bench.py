@@ -1,14 +1,26 @@
 #!/usr/bin/python3
-"""Recovery benchmark: the same failure (a rank SIGKILLed inside the gradient allreduce) recovered in
-place (ULFM) and in restart mode (sinew-supervise relaunches from the latest checkpoint), at 4 ranks, in
-one run. Prints the breakdown of each as a table, writes JSON and a PNG.
+"""Recovery benchmark: the same failure (a rank SIGKILLed inside the gradient allreduce) recovered four
+ways at 4 ranks, in one run: three in place (ULFM) and one in restart mode (sinew-supervise relaunches
+from the latest checkpoint). Prints the breakdown of each in one table, writes JSON and a PNG.
 
-In place:  detect (kill -> error at the survivors), revoke, shrink, agree, rebuild (backends, buckets,
-           checkpoint writer), state sync (from the most advanced survivor's memory), first step.
+In place:  --grow false: detect (kill -> error at the survivors), revoke, shrink, agree, rebuild
+           (backends, buckets, checkpoint writer), state sync (from the most advanced survivor's memory),
+           first step; the job goes on at 3 ranks.
+Spare:     4+1 launched with --spares 1: the same steps, the pool's revoke/shrink/agree promoting the idle
+           spare (it has the data loaded), which takes the state from the members' memory; back to 4, no
+           spawn (spawn 0).
+Spawn:     --grow true, no spares: as in place, then spawn (MPI_Comm_spawn of the replacement, its start-up
+           and data loading, merge, rebuild and state sync of the grown view); back to 4.
 Restart:   detect (kill -> the job has exited), relaunch (mpirun, MPI start-up, data loading),
            checkpoint load, first step, and the replay of the steps lost since that checkpoint.
 
-usage: recovery_bench.py [--rounds N] [--json FILE] [--png FILE]   (run from the repository root)
+Each is measured from the kill (the injected fault's unix_time) until training is back at the failed step:
+in place, spare and spawn as the failure event's detected_unix_time minus the kill, plus the recovered
+event's total_ms (detection -> first step done); `other` is the part of that total outside the named
+parts. Medians over --rounds rounds.
+
+usage: recovery_bench.py [--rounds N] [--train BIN] [--json FILE] [--png FILE]   (run from the repository
+       root; BIN defaults to $SINEW_BUILD_DIR/apps/sinew-train)
 """
 import argparse
 import json
@@ -32,13 +44,27 @@ def env():
 
 FAIL_STEP = 60
 CKPT_EVERY = 50
+RANKS = 4
+
+# The in-place modes: processes launched, their options, and the world size after the recovery.
+IN_PLACE = {
+    "in place": (RANKS, ["--grow", "false"], RANKS - 1),
+    "spare": (RANKS + 1, ["--grow", "true", "--spares", "1"], RANKS),
+    "spawn": (RANKS, ["--grow", "true"], RANKS),
+}
+MODES = ["in place", "spare", "spawn", "restart"]
+# Rows of the table, in the order they happen (a mode shows "-" for a part it does not have).
+PARTS = ["detect", "revoke", "shrink", "agree", "rebuild", "state sync", "spawn", "relaunch",
+         "checkpoint load", "first step", "replay", "other"]
+LABELS = {"in place": "in place (ULFM, 3 left)", "spare": "hot spare (4+1)", "spawn": "spawn (ULFM + spawn)",
+          "restart": "restart (relaunch)"}
 
 
 def common(d):
     return ["--dataset", "fashion-mnist", "--limit-train", "16384", "--limit-test", "2000", "--model",
             "mlp:512,512", "--epochs", "1", "--batch-size", "64", "--progress", "false", "--log-every", "1",
             "--metrics", f"{d}/metrics.jsonl", "--checkpoint-dir", f"{d}/ckpt", "--checkpoint-every",
-            str(CKPT_EVERY), "--grow", "false", "--inject-fault", f"2:allreduce:{FAIL_STEP}"]
+            str(CKPT_EVERY), "--inject-fault", f"2:allreduce:{FAIL_STEP}"]
 
 
 def kill_time(text):
@@ -49,30 +75,49 @@ def kill_time(text):
 
 
 def events(path):
-    return [json.loads(l) for l in open(path) if l.strip()]
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
 
 
-def in_place(mpirun, flags, build):
+def in_place(mode, mpirun, flags, train):
+    """One run of an in-place mode: (parts, total, details)."""
+    procs, options, world = IN_PLACE[mode]
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([mpirun, *flags, "-n", "4", f"{build}/apps/sinew-train", *common(d)],
+        r = subprocess.run([mpirun, *flags, "-n", str(procs), train, *common(d), *options],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
-            raise SystemExit(f"in-place run failed ({r.returncode}):\n{r.stderr[-3000:]}")
+            raise SystemExit(f"{mode} run failed ({r.returncode}):\n{r.stderr[-3000:]}")
         t_kill = kill_time(r.stderr)
         ev = events(f"{d}/metrics.jsonl")
         f = next(e for e in ev if e.get("event") == "failure")
         rec = next(e for e in ev if e.get("event") == "recovered")
+        grow = next((e for e in ev if e.get("event") == "grow"), None)
+        # The run must have recovered the way its mode says (a spare that was not used would measure a spawn).
+        promoted, spawn_ms = f.get("promoted", 0), f.get("spawn_ms", 0.0)
+        expect = {"in place": promoted == 0 and spawn_ms == 0, "spare": promoted == 1 and spawn_ms == 0,
+                  "spawn": promoted == 0 and spawn_ms > 0}[mode]
+        if not expect or f["world_size"] != world:
+            raise SystemExit(f"{mode} run did not recover as expected: promoted {promoted}, spawn_ms {spawn_ms}, "
+                             f"world size {f['world_size']} (expected {world})\n{r.stderr[-2000:]}")
         detect = (f["detected_unix_time"] - t_kill) * 1e3
         parts = {"detect": detect, "revoke": f["revoke_ms"], "shrink": f["shrink_ms"], "agree": f["agree_ms"],
-                 "rebuild": f["rebuild_ms"], "state sync": f["sync_ms"], "first step": rec["first_step_ms"]}
+                 "rebuild": f["rebuild_ms"], "state sync": f["sync_ms"]}
+        if mode != "in place":
+            parts["spawn"] = spawn_ms
+        parts["first step"] = rec["first_step_ms"]
+        parts["other"] = max(0.0, rec["total_ms"] - sum(v for k, v in parts.items() if k != "detect"))
         total = detect + rec["total_ms"]
-        return parts, total
+        details = {"world_size": f["world_size"], "promoted": promoted, "launched": procs}
+        if grow is not None:
+            details["grow"] = {k: grow[k] for k in ("spawn_ms", "merge_ms", "rebuild_ms", "sync_ms", "ms")
+                               if k in grow}
+        return parts, total, details
 
 
-def restart(build):
+def restart(train):
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([f"{ROOT}/mpi_scripts/sinew-supervise", "-n", "4", "--events", f"{d}/sup.jsonl", "--",
-                            f"{build}/apps/sinew-train", *common(d), "--elastic", "restart"],
+        r = subprocess.run([f"{ROOT}/mpi_scripts/sinew-supervise", "-n", str(RANKS), "--events", f"{d}/sup.jsonl",
+                            "--", train, *common(d), "--grow", "false", "--elastic", "restart"],
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"restart run failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -92,62 +137,95 @@ def restart(build):
                  "first step": (first["unix_time"] - res["unix_time"]) * 1e3,
                  "replay": (back["unix_time"] - first["unix_time"]) * 1e3}
         total = (back["unix_time"] - t_kill) * 1e3
-        return parts, total
+        return parts, total, {"world_size": RANKS, "launched": RANKS}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--train", help="the sinew-train to run (default $SINEW_BUILD_DIR/apps/sinew-train)")
     ap.add_argument("--json", default=os.path.join(ROOT, "hpc/bench/results/recovery.json"))
     ap.add_argument("--png", default=os.path.join(ROOT, "docs/img/recovery.png"))
     a = ap.parse_args()
     mpirun, flags, build = env()
-    runs = {"in place": [], "restart": []}
+    train = a.train or f"{build}/apps/sinew-train"
+    if not os.access(train, os.X_OK):
+        raise SystemExit(f"recovery_bench: {train} is not an executable (build it, or pass --train)")
+    runs = {mode: [] for mode in MODES}
     for k in range(a.rounds):
-        runs["in place"].append(in_place(mpirun, flags, build))
-        runs["restart"].append(restart(build))
-        print(f"round {k + 1}/{a.rounds}: in place {runs['in place'][-1][1]:.1f} ms, "
-              f"restart {runs['restart'][-1][1]:.1f} ms", file=sys.stderr)
+        for mode in MODES:
+            runs[mode].append(restart(train) if mode == "restart" else in_place(mode, mpirun, flags, train))
+        print(f"round {k + 1}/{a.rounds}: " + ", ".join(f"{m} {runs[m][-1][1]:.1f} ms" for m in MODES),
+              file=sys.stderr)
     out = {}
     for mode, rs in runs.items():
         keys = list(rs[0][0])
         out[mode] = {"parts_ms": {k: statistics.median(r[0][k] for r in rs) for k in keys},
                      "total_ms": statistics.median(r[1] for r in rs),
-                     "totals_ms": [r[1] for r in rs]}
-    print(f"# recovery from one rank SIGKILLed in the gradient allreduce of step {FAIL_STEP}, 4 ranks, "
-          f"MLP 784-512-512-10, checkpoint every {CKPT_EVERY} steps; medians of {a.rounds} rounds (ms)")
-    for mode in out:
-        print(f"# {mode}")
-        for k, v in out[mode]["parts_ms"].items():
-            print(f"  {k:>16} {v:10.2f}")
-        print(f"  {'total':>16} {out[mode]['total_ms']:10.2f}   (rounds: "
-              + ", ".join(f"{t:.1f}" for t in out[mode]["totals_ms"]) + ")")
-    ratio = out["restart"]["total_ms"] / out["in place"]["total_ms"]
-    out["restart_over_in_place"] = ratio
-    print(f"# restart / in place = {ratio:.1f}x")
-    os.makedirs(os.path.dirname(a.json), exist_ok=True)
-    json.dump(out, open(a.json, "w"), indent=1)
+                     "totals_ms": [r[1] for r in rs], **rs[0][2]}
+        if mode == "spawn":
+            out[mode]["grow_ms"] = {k: statistics.median(r[2]["grow"][k] for r in rs) for k in rs[0][2]["grow"]}
+            out[mode].pop("grow", None)
+    out["restart_over_in_place"] = out["restart"]["total_ms"] / out["in place"]["total_ms"]
+    out["restart_over_spare"] = out["restart"]["total_ms"] / out["spare"]["total_ms"]
+    out["spawn_over_spare"] = out["spawn"]["total_ms"] / out["spare"]["total_ms"]
+    print(table(out, a.rounds))
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(out, f, indent=1)
     plot(out, a.png)
+
+
+def table(out, rounds):
+    lines = [f"# recovery from one rank SIGKILLed in the gradient allreduce of step {FAIL_STEP}, {RANKS} ranks, "
+             f"MLP 784-512-512-10, checkpoint every {CKPT_EVERY} steps; medians of {rounds} rounds (ms)",
+             "# spare: 4+1 launched with --spares 1, its revoke/shrink/agree are the pool's reform that promotes "
+             "the spare; spawn: --grow true, spawn = the replacement's spawn, start-up, merge and state sync",
+             f"{'':>16}" + "".join(f"{m:>12}" for m in MODES)]
+    for part in PARTS:
+        if not any(part in out[m]["parts_ms"] for m in MODES):
+            continue
+        lines.append(f"{part:>16}" + "".join(f"{out[m]['parts_ms'][part]:12.2f}" if part in out[m]["parts_ms"]
+                                               else f"{'-':>12}" for m in MODES))
+    lines.append(f"{'total':>16}" + "".join(f"{out[m]['total_ms']:12.2f}" for m in MODES))
+    lines.append(f"{'world after':>16}" + "".join(f"{out[m]['world_size']:>12}" for m in MODES))
+    if "grow_ms" in out["spawn"]:
+        g = out["spawn"]["grow_ms"]
+        lines.append("# spawn, of which: " + ", ".join(f"{k} {v:.1f}" for k, v in g.items()))
+    for m in MODES:
+        lines.append(f"# {m} rounds: " + ", ".join(f"{t:.1f}" for t in out[m]["totals_ms"]))
+    lines.append(f"# restart / spare = {out['restart_over_spare']:.1f}x, spawn / spare = "
+                 f"{out['spawn_over_spare']:.1f}x, restart / in place = {out['restart_over_in_place']:.1f}x")
+    return "\n".join(lines)
 
 
 def plot(out, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
-    for y, mode in enumerate(["in place", "restart"]):
+    colors = dict(zip(PARTS, plt.get_cmap("tab20").colors))
+    longest = max(out[m]["total_ms"] for m in MODES)
+    fig, ax = plt.subplots(figsize=(8.5, 3.8))
+    order = ["spare", "in place", "spawn", "restart"]  # fastest at the bottom
+    for y, mode in enumerate(order):
         left = 0
         for k, v in out[mode]["parts_ms"].items():
-            ax.barh(y, v, left=left, label=f"{mode}: {k}")
-            if v > 0.04 * out["restart"]["total_ms"]:
+            ax.barh(y, v, left=left, color=colors[k], label=k)
+            if v > 0.05 * longest:
                 ax.text(left + v / 2, y, k, ha="center", va="center", fontsize=7)
             left += v
         ax.text(left, y, f"  {out[mode]['total_ms']:.0f} ms", va="center", fontsize=8)
-    ax.set_yticks([0, 1], ["in place (ULFM)", "restart (relaunch)"])
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))  # one entry per part
+    ax.legend([seen[p] for p in PARTS if p in seen], [p for p in PARTS if p in seen], fontsize=6, ncol=2,
+              loc="lower right")
+    ax.set_yticks(range(len(order)), [LABELS[m] for m in order])
+    ax.set_xlim(0, longest * 1.15)
     ax.set_xlabel("ms from the kill until training is back at the failed step")
-    ax.set_title(f"Recovery, 4 ranks, one rank killed (restart / in place = {out['restart_over_in_place']:.0f}x)")
+    ax.set_title(f"Recovery, 4 ranks, one rank killed (restart / spare = {out['restart_over_spare']:.0f}x, "
+                 f"spawn / spare = {out['spawn_over_spare']:.0f}x)", fontsize=10)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(png), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=110)
 
 

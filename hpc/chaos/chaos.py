@@ -9,21 +9,32 @@ pattern) with 1-3 ranks killed, rank 0 included:
   external   kill -9 of a launch rank's pid from here, at a step, or a small random delay after an earlier
              kill (simultaneous, during the recovery, during the spawn of a replacement).
 
-The algorithm (one of the CPU ones that recover in place), checkpoints and growth are drawn at random too.
-The trial's plan depends only on --seed and its number, and is printed, so `--only K` replays one trial.
+The algorithm (one of the CPU ones that recover in place, or of --algorithms), checkpoints and growth are
+drawn at random too, and so are hot spares: a trial with growth draws K from --spares (default 0,1,2) and
+launches N+K processes with `--spares K`; the last K launch ranks (N..N+K-1) wait as idle spares and
+replace failed members (promoted, no spawn) until they are used up, then replacements are spawned. The
+kills target members (launch ranks < N), with two spare variants: an idle spare killed with kill -9
+before any failure (idle-spare), and a later kill of the spare that the first failure promoted
+(promoted-spare). A kill during the spawn is only drawn where a spawn will happen, i.e. once more members
+are lost than spares are left. The plan of a trial depends only on --seed, its number, --algorithms and
+--spares, and is printed, so `--only K` replays one trial (the summary prints the replay command); K is
+drawn from a stream of its own, so that `--spares 0` gives the plans of the driver before spares.
 
 A trial passes when mpirun exits 0 before the deadline, the `done` event is written, the test accuracy
 is at most --tolerance points below a failure-free reference run of the same configuration (run once per
-configuration, cached in --out), and the exactly-once audit (mpi_scripts/check-audit.py) holds. A failed
-trial is classified from its exit status, metrics and output (hang before/after done, nonzero exit after or
-before done, the spawn watchdog's abort, a rank exiting on MPI_ERR_REVOKED or another error, accuracy,
-audit), with the evidence lines.
+configuration and sinew-train binary, cached in --out; hot spares, checkpoints and growth do not change
+the training, so the reference is keyed by size and algorithm only), the exactly-once audit
+(mpi_scripts/check-audit.py) holds, and, with a spare left at the first failure, that failure was
+replaced by a spare (spare-unused otherwise). A failed trial is classified from its exit status, metrics
+and output (hang before/after done, nonzero exit after or before done, the spawn watchdog's abort, a rank
+exiting on MPI_ERR_REVOKED or another error, accuracy, audit, spare-unused), with the evidence lines.
 
 Patterns live in one registry (PATTERNS): a relation pattern draws a further kill relative to an earlier
-one; a tag pattern only classifies plans. Hot spares and link cuts are registered as not available.
+one; a tag pattern only classifies plans. Link cuts are registered as not available.
 
-usage: chaos.py [--trials N] [--seed S] [--only K[,K...]] [--patterns P,...] [--deadline S] [--out DIR]
-                [--json FILE] [--dry-run] [--rejudge RESULTS]
+usage: chaos.py [--trials N] [--seed S] [--only K[,K...]] [--patterns P,...] [--algorithms A,...]
+                [--spares K,...] [--deadline S] [--out DIR] [--json FILE] [--train BIN] [--dry-run]
+                [--rejudge RESULTS]
        (run from the repository root with /usr/bin/python3; exit 0 all passed, 1 some failed,
        77 ULFM or Fashion-MNIST missing)
 """
@@ -95,6 +106,8 @@ class Kill:
             return f"inject {self.spec()}"
         if self.after >= 0:
             return f"kill -9 r{self.rank} {1000 * self.delay_s:.0f}ms after #{self.after + 1}"
+        if self.relation == "idle-spare":
+            return f"kill -9 idle spare r{self.rank} at step {self.step}"
         return f"kill -9 r{self.rank} at step {self.step}"
 
 
@@ -106,6 +119,19 @@ class Plan:
     checkpoints: bool
     grow: bool
     kills: list
+    spares: int = 0  # hot spares (--spares K, launch ranks n..n+K-1); only with growth
+
+    def procs(self):
+        """Processes mpirun launches: the members and the spares."""
+        return self.n + self.spares
+
+    def member_kills(self):
+        """The kills of members (a promoted spare is a member): all but an idle spare's."""
+        return [k for k in self.kills if k.relation != "idle-spare"]
+
+    def spares_left(self):
+        """Spares that can replace members: those not killed while idle."""
+        return self.spares - (len(self.kills) - len(self.member_kills()))
 
     def steps(self):
         """Steps of the failure-free run (more after a shrink)."""
@@ -113,7 +139,8 @@ class Plan:
         return EPOCHS * per_epoch
 
     def reference_key(self):
-        """What the failure-free reference depends on (checkpoints and growth do not change training)."""
+        """What the failure-free reference depends on: checkpoints, growth and hot spares do not change
+        training (a spare takes the state from the members' memory), so they are not part of it."""
         return f"n{self.n}-{self.algorithm}"
 
     def options(self, d):
@@ -124,6 +151,8 @@ class Plan:
              "--grow", "true" if self.grow else "false", *ALGORITHMS[self.algorithm]]
         if self.checkpoints:
             o += ["--checkpoint-dir", f"{d}/ckpt", "--checkpoint-every", str(CHECKPOINT_EVERY)]
+        if self.spares:
+            o += ["--spares", str(self.spares)]
         for k in self.kills:
             if k.how == "inject":
                 o += ["--inject-fault", k.spec()]
@@ -132,7 +161,7 @@ class Plan:
     def describe(self):
         kills = "; ".join(k.describe() for k in self.kills) or "none"
         return (f"n={self.n} algo={self.algorithm} ckpt={'on' if self.checkpoints else 'off'} "
-                f"grow={'on' if self.grow else 'off'} kills=[{kills}]")
+                f"grow={'on' if self.grow else 'off'} spares={self.spares} kills=[{kills}]")
 
 
 # ---- the pattern registry -------------------------------------------------------------------------------
@@ -151,13 +180,41 @@ def _training_step(rng, plan, lo):
     return rng.randint(min(lo, hi), hi)
 
 
+def spawn_follows(plan):
+    """Whether the recovery from the kills so far spawns: growth on and more members lost than spares."""
+    return plan.grow and len(plan.member_kills()) > plan.spares_left()
+
+
+def draw_idle_spare(rng, plan, first):
+    """kill -9 of an idle spare from outside, a few steps before the first member kill (no failure yet)."""
+    return Kill(rng.randrange(plan.n, plan.procs()), "external", "idle-spare",
+                step=rng.randint(2, max(2, first.step - 4)))
+
+
 def draw_first(rng, plan, prev):
     """A kill at a step: a named training or checkpoint point, or kill -9 from outside."""
     return _draw_at_step(rng, plan, 8, "first")
 
 
+def _promoted_spare(plan):
+    """The spare that the first member failure promoted: the lowest launch rank among the spares not killed
+    while idle (the pool promotes in launch order); None without one, or if it is killed already."""
+    idle = {k.rank for k in plan.kills if k.relation == "idle-spare"}
+    alive = [r for r in range(plan.n, plan.procs()) if r not in idle]
+    if not alive or any(k.rank == alive[0] for k in plan.member_kills()):
+        return None
+    return alive[0]
+
+
 def draw_sequential(rng, plan, prev):
-    """A later kill at a step of its own, after the previous recovery."""
+    """A later kill at a step of its own, after the previous recovery; with hot spares sometimes the spare
+    that replaced the first failed member (a member itself by then)."""
+    spare = _promoted_spare(plan) if plan.spares else None  # no draw without spares: older plans stay
+    if spare is not None and rng.random() < 0.35:
+        step = _training_step(rng, plan, prev.step + 8)
+        if rng.random() < 0.3:
+            return Kill(spare, "external", "sequential", step=step)
+        return Kill(spare, "inject", "sequential", step=step, point=rng.choice(TRAIN_POINTS))
     return _draw_at_step(rng, plan, prev.step + 8, "sequential")
 
 
@@ -199,7 +256,8 @@ def draw_during_recovery(rng, plan, prev):
 
 def draw_during_spawn(rng, plan, prev):
     """A member dies while the group spawns a replacement: at the spawn point, or kill -9 0.3-2.5 s after the
-    previous kill (the spawn and the newcomer's data loading take ~3.5 s on this machine)."""
+    previous kill (the spawn and the newcomer's data loading take ~3.5 s on this machine). Only drawn once
+    the hot spares are used up (spawn_follows): a spare's promotion does not go through the spawn point."""
     rank = _free_rank(rng, plan)
     if rng.random() < 0.5:
         return Kill(rank, "inject", "during-spawn", step=prev.step, point="spawn")
@@ -224,32 +282,50 @@ class Pattern:
 
 
 PATTERNS = [
-    Pattern("single", "one kill only", matches=lambda plan: len(plan.kills) == 1),
+    Pattern("single", "one member killed only", matches=lambda plan: len(plan.member_kills()) == 1),
     Pattern("sequential", "kills at separate steps", draw=draw_sequential,
             applies=lambda plan: plan.kills[-1].step + 8 <= int(0.8 * plan.steps())),
     Pattern("simultaneous", "two ranks die at once", draw=draw_simultaneous),
     Pattern("during-recovery", "a survivor dies during the recovery", draw=draw_during_recovery),
     Pattern("during-spawn", "a member dies during the spawn of a replacement", draw=draw_during_spawn,
-            applies=lambda plan: plan.grow),
+            applies=spawn_follows),
     Pattern("rank0", "launch rank 0 killed", matches=lambda plan: any(k.rank == 0 for k in plan.kills)),
     Pattern("external", "a kill -9 from outside", matches=lambda plan: any(k.how == "external" for k in plan.kills)),
     Pattern("checkpoint", "killed inside the checkpoint writer",
             matches=lambda plan: any(k.point in CHECKPOINT_POINTS for k in plan.kills)),
     Pattern("3-of-6", "3 of 6 ranks killed", matches=lambda plan: plan.n == 6),
     Pattern("grow", "replacements spawned", matches=lambda plan: plan.grow),
-    Pattern("spares", "a hot spare takes over (--spares: not implemented yet)", available=False),
+    Pattern("spares", "hot spares (--spares K) replace failed members", matches=lambda plan: plan.spares > 0),
+    Pattern("spares-exhausted", "more members lost than spares: the rest spawned",
+            matches=lambda plan: plan.spares > 0 and spawn_follows(plan)),
+    Pattern("idle-spare", "an idle spare killed (kill -9) before any failure"),  # drawn by make_plan
+    Pattern("promoted-spare", "the spare promoted by the first failure killed later",
+            matches=lambda plan: any(k.rank >= plan.n and k.relation != "idle-spare" for k in plan.kills)),
     Pattern("link-cuts", "a network link cut (not implemented yet)", available=False),
 ]
 
 
-def make_plan(seed, index):
-    """The plan of trial `index`: a function of (seed, index) only, so that one trial can be replayed."""
+def make_plan(seed, index, algorithms=None, spares=(0, 1, 2)):
+    """The plan of trial `index`: a function of (seed, index, algorithms, spares) only, so that one trial
+    can be replayed. The hot spares (and an idle spare's kill) come from a stream of their own: with
+    `spares` (0,) the plans are those of the driver before spares."""
     rng = random.Random(f"sinew-chaos:{seed}:{index}")
+    srng = random.Random(f"sinew-chaos-spares:{seed}:{index}")
     n = 6 if rng.random() < 0.12 else 4
-    plan = Plan(index, n, rng.choice(sorted(ALGORITHMS)), rng.random() < 0.5, rng.random() < 0.5, [])
+    plan = Plan(index, n, rng.choice(sorted(algorithms or ALGORITHMS)), rng.random() < 0.5, rng.random() < 0.5,
+                [])
+    plan.spares = srng.choice(sorted(spares)) if plan.grow else 0  # --spares needs --grow true
     count = 3 if n == 6 else rng.choices([1, 2, 3], weights=[1, 2, 1])[0]
-    plan.kills.append(draw_first(rng, plan, None))
-    while len(plan.kills) < count:
+    # An idle spare killed first (its step is drawn once the first member kill's is known): it comes
+    # before the member kills in the list, so that plan.kills[-1] is the last member kill.
+    idle = plan.spares > 0 and srng.random() < 0.3
+    if idle:
+        plan.kills.append(Kill(-1, "external", "idle-spare"))
+    first = draw_first(rng, plan, None)
+    if idle:
+        plan.kills[0] = draw_idle_spare(srng, plan, first)
+    plan.kills.append(first)
+    while len(plan.member_kills()) < count:
         prev = plan.kills[-1]
         relations = [p for p in PATTERNS if p.available and p.draw and (p.applies is None or p.applies(plan))]
         pattern = rng.choices(relations, weights=[p.weight for p in relations])[0]
@@ -356,13 +432,15 @@ class Watcher:
                         self.fired[i] = float(m.group(4))  # the exact time, even if seen dead earlier
 
     def find_pids(self):
-        """The launch ranks' pids, once training started and before any kill (rate-limited: /proc scans)."""
-        if len(self.pids) == self.plan.n or self.step == 0 or any(self.fired) or time.time() - self.last_scan < 0.05:
+        """The launch ranks' pids (members and hot spares), once training started and before any kill
+        (rate-limited: /proc scans)."""
+        if (len(self.pids) == self.plan.procs() or self.step == 0 or any(self.fired)
+                or time.time() - self.last_scan < 0.05):
             return
         self.last_scan = time.time()
         for p in procs_of(self.d):
             lr = launch_rank(p)
-            if lr and lr[1] == self.plan.n:  # spawned replacements have a world of their own
+            if lr and lr[1] == self.plan.procs():  # spawned replacements have a world of their own
                 self.pids[lr[0]] = p
 
     def poll(self):
@@ -399,12 +477,40 @@ class Watcher:
         return wait
 
 
+def snapshot(d, keep_dir, procs):
+    """For a hung job: which of its processes are left (launch rank, or spawned), and their threads' stacks
+    (gdb, if installed) in keep_dir/stacks.txt. Returns a one-line note."""
+    os.makedirs(keep_dir, exist_ok=True)
+    who = []
+    with open(f"{keep_dir}/stacks.txt", "w") as out:
+        for p in sorted(procs_of(d)):
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    exe = os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))
+            except OSError:
+                continue
+            lr = launch_rank(p) if exe == "sinew-train" else None
+            name = f"{exe} pid {p}"
+            if lr:
+                name += f" launch rank {lr[0]}" if lr[1] == procs else f" spawned (rank {lr[0]} of {lr[1]})"
+            who.append(name)
+            out.write(f"==== {name}\n")
+            out.flush()
+            if exe == "sinew-train" and shutil.which("gdb"):
+                try:
+                    subprocess.run(["gdb", "-p", str(p), "-batch", "-nx", "-ex", "thread apply all bt"],
+                                   stdout=out, stderr=subprocess.STDOUT, timeout=30)
+                except subprocess.TimeoutExpired:
+                    out.write("(gdb timed out)\n")
+    return f"at the deadline: {'; '.join(who) or 'no process left'} (stacks in {keep_dir}/stacks.txt)"
+
+
 def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
     """Runs one job with its external kills; returns what happened. The job's directory is removed, its
     output and metrics are copied to keep_dir."""
     d = tempfile.mkdtemp(prefix=f"sinew-chaos-{plan.index}-")
     try:
-        cmd = [mpirun, *flags, "-n", str(plan.n), train, *plan.options(d)]
+        cmd = [mpirun, *flags, "-n", str(plan.procs()), train, *plan.options(d)]
         with open(f"{d}/out.txt", "w") as out:
             t0 = time.time()
             job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -416,6 +522,7 @@ def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
             wall = time.time() - t0
             hung = rc is None
             if hung:
+                w.notes.append(snapshot(d, keep_dir, plan.procs()))
                 os.killpg(job.pid, signal.SIGKILL)
                 rc = job.wait(timeout=30)
         w.read()  # kills reported after the last poll
@@ -465,7 +572,7 @@ def evidence(text, pattern, skip=None, limit=4):
     return lines[:limit]
 
 
-def judge(r, reference, tolerance):
+def judge(r, reference, tolerance, plan=None):
     """Classes of failure of a run (empty: passed), each with evidence lines."""
     done = [e for e in r["events"] if e.get("event") == "done"]
     text = r["text"]
@@ -505,16 +612,33 @@ def judge(r, reference, tolerance):
         problems.append(("audit", ["no audit records"]))
     elif done and not r["audit"]["ok"]:
         problems.append(("audit", r["audit"]["output"]))
+    # With a hot spare left (none killed while idle), the first failure must be replaced by it: promoted
+    # >= 1 in its failure event (a spawn instead would pass every other check).
+    failures = [e for e in r["events"] if e.get("event") == "failure"]
+    if plan is not None and plan.spares_left() > 0 and failures and failures[0].get("promoted", 0) == 0:
+        f = failures[0]
+        problems.append(("spare-unused", [f"{plan.spares_left()} hot spare(s) left, but the failure at step "
+                                          f"{f.get('step', 0) + 1} promoted none (lost {f.get('lost')}, "
+                                          f"spawn_ms {f.get('spawn_ms')}, world {f.get('world_size')})"]))
     return problems
 
 
-def reference_accuracy(plan, train, mpirun, flags, out_dir, deadline_s):
-    """The failure-free run's test accuracy for this configuration, cached in out_dir (None if it failed)."""
+def plan_of(d):
+    """A Plan from its dictionary in a results file (older files have no spares)."""
+    return Plan(**{**d, "kills": [Kill(**k) for k in d["kills"]]})
+
+
+def reference_accuracy(plan, train, mpirun, flags, out_dir, deadline_s, digest):
+    """The failure-free run's test accuracy for this configuration, cached in out_dir for this sinew-train
+    binary (`digest`; another build runs it again), None if it failed. Run without spares, checkpoints and
+    growth: none of them changes the training (Plan.reference_key)."""
     path = f"{out_dir}/reference-{plan.reference_key()}.json"
     if os.path.exists(path):
         with open(path) as f:
-            return json.load(f)["test_accuracy"]
-    ref = Plan(-1, plan.n, plan.algorithm, False, False, [])
+            cached = json.load(f)
+        if cached.get("sinew_train_sha256") == digest:
+            return cached["test_accuracy"]
+    ref = Plan(-1, plan.n, plan.algorithm, False, False, [], spares=0)
     print(f"reference {plan.reference_key()}: running the failure-free job", flush=True)
     r = run_job(ref, train, mpirun, flags, deadline_s, f"{out_dir}/logs/reference-{plan.reference_key()}")
     done = [e for e in r["events"] if e.get("event") == "done"]
@@ -523,7 +647,7 @@ def reference_accuracy(plan, train, mpirun, flags, out_dir, deadline_s):
         return None
     acc = done[-1]["test_accuracy"]
     with open(path, "w") as f:
-        json.dump({"test_accuracy": acc, "wall_s": r["wall_s"]}, f)
+        json.dump({"test_accuracy": acc, "wall_s": r["wall_s"], "sinew_train_sha256": digest}, f)
     print(f"reference {plan.reference_key()}: {100 * acc:.2f}% in {r['wall_s']} s", flush=True)
     return acc
 
@@ -569,7 +693,7 @@ def rejudge(path, tolerance):
         audit = res.get("audit") or {"ok": "audit" not in res["classes"], "output": res["evidence"].get("audit", [])}
         r = {"rc": res["rc"], "hung": res["hung"], "wall_s": res["wall_s"], "audit": audit, "events": events,
              "text": text}
-        problems = judge(r, res["reference_accuracy"], tolerance)
+        problems = judge(r, res["reference_accuracy"], tolerance, plan_of(res["plan"]))
         res.update(passed=not problems, classes=[c for c, _ in problems], evidence={c: ev for c, ev in problems})
         print(f"trial {res['trial']:3d}: {'PASS' if not problems else 'FAIL ' + ','.join(res['classes'])}")
     print(summary(results))
@@ -586,8 +710,13 @@ def main():
     ap.add_argument("--json", help="results file (default OUT/results-SEED.json)")
     ap.add_argument("--deadline", type=float, default=120, help="seconds before a job counts as hung")
     ap.add_argument("--tolerance", type=float, default=1.0, help="accuracy points allowed below the reference")
-    ap.add_argument("--train", default=os.path.join(ROOT, "build/apps/sinew-train"))
+    default_train = os.path.join(ROOT, "build/apps/sinew-train")
+    ap.add_argument("--train", default=default_train, help="the sinew-train to run (default build/apps/sinew-train)")
     ap.add_argument("--patterns", help="keep only trials whose plan has one of these patterns (comma-separated)")
+    ap.add_argument("--algorithms", help="draw the algorithm from these only (comma-separated; fewer "
+                    f"configurations, fewer reference runs); default all: {','.join(sorted(ALGORITHMS))}")
+    ap.add_argument("--spares", default="0,1,2", help="the numbers of hot spares a trial with growth draws from "
+                    "(comma-separated, default 0,1,2; 0: no spares, the plans of the driver before them)")
     ap.add_argument("--dry-run", action="store_true", help="print the plans, run nothing")
     ap.add_argument("--rejudge", metavar="RESULTS", help="classify a results file's failed trials again from "
                     "their logs and print the summary; runs nothing")
@@ -596,8 +725,20 @@ def main():
     if a.rejudge:
         return rejudge(a.rejudge, a.tolerance)
 
+    algorithms = sorted(set(a.algorithms.split(","))) if a.algorithms else None
+    if algorithms and set(algorithms) - set(ALGORITHMS):
+        ap.error(f"unknown algorithms {sorted(set(algorithms) - set(ALGORITHMS))}; known: {sorted(ALGORITHMS)}")
+    try:
+        spares = sorted({int(k) for k in a.spares.split(",")})
+    except ValueError:
+        ap.error(f"--spares {a.spares}: expected comma-separated numbers of spares")
+    if spares[0] < 0:
+        ap.error(f"--spares {a.spares}: a number of spares is at least 0")
+    # What the plans depend on besides seed and trial, for the replay command.
+    plan_options = (f" --algorithms {','.join(algorithms)}" if algorithms else "") + \
+        (f" --spares {','.join(map(str, spares))}" if spares != [0, 1, 2] else "")
     indices = [int(k) for k in a.only.split(",")] if a.only else list(range(1, a.trials + 1))
-    plans = [make_plan(a.seed, k) for k in indices]
+    plans = [make_plan(a.seed, k, algorithms, spares) for k in indices]
     if a.patterns:
         want = set(a.patterns.split(","))
         unknown = want - {p.name for p in PATTERNS}
@@ -608,6 +749,8 @@ def main():
         for pl in plans:
             names = [p.name for p in PATTERNS if p.in_plan(pl)]
             print(f"trial {pl.index:3d}: {pl.describe()} patterns={','.join(names)}")
+        counts = [(p.name, sum(1 for pl in plans if p.in_plan(pl))) for p in PATTERNS]
+        print("patterns: " + ", ".join(f"{name} {k}" for name, k in counts if k))
         return 0
 
     mpirun, flags, ulfm = mpi_env()
@@ -631,10 +774,14 @@ def main():
     for pl in plans:
         names = [p.name for p in PATTERNS if p.in_plan(pl)]
         print(f"trial {pl.index:3d}: {pl.describe()} patterns={','.join(names)}", flush=True)
-        ref = reference_accuracy(pl, train, mpirun, flags, a.out, a.deadline)
+        ref = reference_accuracy(pl, train, mpirun, flags, a.out, a.deadline, digest)
         logs = f"{a.out}/logs/seed{a.seed}-trial{pl.index}"
+        for again in range(2, 1000):  # a replay keeps the logs of an earlier failure of the same trial
+            if not os.path.exists(logs):
+                break
+            logs = f"{a.out}/logs/seed{a.seed}-trial{pl.index}.{again}"
         r = run_job(pl, train, mpirun, flags, a.deadline, logs)
-        problems = judge(r, ref, a.tolerance)
+        problems = judge(r, ref, a.tolerance, pl)
         if ref is None:
             problems.append(("reference-failed", [f"the failure-free {pl.reference_key()} run failed"]))
         done = [e for e in r["events"] if e.get("event") == "done"]
@@ -645,8 +792,11 @@ def main():
                "fired": r["fired"], "kill_times_s": r["kill_times_s"], "notes": r["notes"], "audit": r["audit"],
                "test_accuracy": acc, "reference_accuracy": ref,
                "failures": sum(1 for e in r["events"] if e.get("event") == "failure"),
+               "promoted": sum(e.get("promoted", 0) for e in r["events"] if e.get("event") in ("failure", "grow")),
+               "spawn_ms": round(sum(e.get("spawn_ms", 0) for e in r["events"] if e.get("event") == "failure"), 1),
                "world_size": done[-1]["world_size"] if done else None, "logs": None if not problems else logs,
-               "replay": f"/usr/bin/python3 hpc/chaos/chaos.py --seed {a.seed} --only {pl.index}"}
+               "replay": f"/usr/bin/python3 hpc/chaos/chaos.py --seed {a.seed} --only {pl.index}{plan_options}"
+                         + (f" --train {a.train}" if a.train != default_train else "")}
         results.append(res)
         if not problems:
             shutil.rmtree(logs)
@@ -654,7 +804,8 @@ def main():
         accs = f"acc {100 * acc:.2f}%" if acc is not None else "no done"
         verdict = "PASS" if not problems else "FAIL " + ",".join(res["classes"])
         print(f"trial {pl.index:3d}: {verdict} (exit {r['rc']}, {r['wall_s']} s, {fired}, {accs}, "
-              f"{res['failures']} failure events)", flush=True)
+              f"{res['failures']} failure events" + (f", {res['promoted']} spares promoted" if pl.spares else "")
+              + ")", flush=True)
         for c, ev in problems:
             for line in ev:
                 print(f"    {c}: {line}", flush=True)
