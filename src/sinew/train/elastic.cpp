@@ -177,18 +177,22 @@ void ElasticController::grow_to(int target, const char* why) {
   ev.reason = why;
   ev.step = state_.pos().step;
   ev.from_world_size = from;
-  if (group_.pooled() && group_.spares() > 0) {
-    // Hot spares first: they are running already and have the data loaded. They join the members'
-    // next steps (join_promoted); a shortfall (spares that died meanwhile) is spawned by settle().
-    const auto sr = group_.reform(target, /*leaving=*/false);
-    ev.promoted = sr.promoted;
-    ev.ms = ms_since(t);
+  // The fabric and the state over the grown view (spares promoted, or processes spawned).
+  auto over_new_view = [&] {
     const auto tc = Clock::now();
     connect();
     ev.rebuild_ms = ms_since(tc);
     ev.sync_ms = synchronise();
     ev.world_size = fabric_->size();
     ev.membership_epoch = group_.epoch();
+  };
+  if (group_.pooled() && group_.spares() > 0) {
+    // Hot spares first: they are running already and have the data loaded. They join the members'
+    // next steps (join_promoted); a shortfall (spares that died meanwhile) is spawned by settle().
+    const auto sr = group_.reform(target, /*leaving=*/false);
+    ev.promoted = sr.promoted;
+    ev.ms = ms_since(t);
+    over_new_view();
     events_.emit(ev);
     if (fabric_->rank() == 0) {
       spdlog::info(
@@ -216,12 +220,7 @@ void ElasticController::grow_to(int target, const char* why) {
       spdlog::warn("cannot grow to {} ranks ({}); continuing with {}", target, e.message(), from);
     return;
   }
-  const auto tc = Clock::now();
-  connect();
-  ev.rebuild_ms = ms_since(tc);
-  ev.sync_ms = synchronise();
-  ev.world_size = fabric_->size();
-  ev.membership_epoch = group_.epoch();
+  over_new_view();
   ev.spawn_ms = rep.spawn_ms;
   ev.merge_ms = rep.merge_ms;
   ev.ms = ms_since(t);
