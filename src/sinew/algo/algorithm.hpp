@@ -89,8 +89,9 @@ class Algorithm {
   virtual void after_step(std::int64_t step);
   /// True if every completed step includes every rank's batch (a collective over all ranks in each step).
   /// False for the algorithms whose ranks complete steps on their own (local steps with model averaging,
-  /// asynchronous averaging): after a failure the group then resumes from its least advanced member, so
-  /// that no batch of a lost rank counts as trained without having been trained (the exactly-once audit).
+  /// asynchronous averaging): after a failure the members then rewind to the last step every member
+  /// completed (train::TrainState::mark_agreed), so that no batch of a lost rank counts as trained
+  /// without having been trained (the exactly-once audit).
   [[nodiscard]] virtual bool lockstep() const { return true; }
   /// Collective: every rank ends with the same parameters and optimiser state.
   virtual void consensus() {}
