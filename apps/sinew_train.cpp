@@ -1,5 +1,6 @@
 // sinew-train: elastic data-parallel training. Thin: parse options, start MPI, run the trainer.
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <optional>
 #include <utility>
@@ -26,6 +27,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& cfg = *parsed.config;
+    // A member that dies leaves sockets behind whose next write raises SIGPIPE. The MPI library turns the
+    // write's EPIPE into a process failure that ULFM reports; the signal's default action would instead
+    // kill this process too (measured in the chaos run: a spawned replacement, which talks to the others
+    // over TCP, died of SIGPIPE when a member was killed, and mpirun then returned 141).
+    std::signal(SIGPIPE, SIG_IGN);
     // Recorded before MPI_Init can touch argv: grow() starts new members with this same command, and
     // they, running this main(), record an equal one for their own growth.
     auto spawn = sinew::membership::SpawnCommand::of_this_process(argc, argv);
