@@ -40,6 +40,21 @@ struct SpawnCall {
   MPI_Comm inter = MPI_COMM_NULL;
   std::vector<int> errcodes;
 };
+#if SINEW_HAVE_ULFM
+/// Revokes `comm` and returns the communicator of its live members, adding the time of each to `rep`.
+/// Throws CommFailure if MPI cannot shrink (shrink itself is fault tolerant: not a failure to work around).
+MPI_Comm revoke_and_shrink(MPI_Comm comm, ShrinkReport& rep) {
+  auto t = Clock::now();
+  MPIX_Comm_revoke(comm);
+  rep.revoke_ms += ms_since(t);
+  t = Clock::now();
+  MPI_Comm next = MPI_COMM_NULL;
+  const int rc = MPIX_Comm_shrink(comm, &next);
+  rep.shrink_ms += ms_since(t);
+  if (rc != MPI_SUCCESS) SINEW_THROW(CommFailure, "MPIX_Comm_shrink failed: {}", mpi::error_string(rc));
+  return next;
+}
+#endif
 }  // namespace
 
 struct JoinDeadline::State {
@@ -198,21 +213,11 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
   for (;;) {
     ++rep.attempts;
     if (hook) hook(rep.attempts);
-    auto t = Clock::now();
-    MPIX_Comm_revoke(comm_.get());
-    rep.revoke_ms += ms_since(t);
-    t = Clock::now();
-    MPI_Comm next = MPI_COMM_NULL;
-    const int rc = MPIX_Comm_shrink(comm_.get(), &next);
-    rep.shrink_ms += ms_since(t);
-    if (rc != MPI_SUCCESS) {
-      // Shrink itself is fault tolerant; an error here is not a failure it can work around.
-      SINEW_THROW(CommFailure, "MPIX_Comm_shrink failed: {}", mpi::error_string(rc));
-    }
+    MPI_Comm next = revoke_and_shrink(comm_.get(), rep);
     comm_.destroy();
     adopt(mpi::Communicator(next));
     ++epoch_;
-    t = Clock::now();
+    const auto t = Clock::now();
     int flag = 1;
     const int arc = MPIX_Comm_agree(comm_.get(), &flag);
     rep.agree_ms += ms_since(t);
@@ -404,7 +409,7 @@ std::optional<ShrinkReport> Group::wait_as_spare(std::chrono::milliseconds poll)
       }
       std::this_thread::sleep_for(poll);
     }
-    if (req != MPI_REQUEST_NULL) MPI_Request_free(&req);
+    mpi::complete_or_cancel(req, std::chrono::milliseconds(0));  // never freed while pending
     rep = reform(0, false);
   }
   return rep;
@@ -424,18 +429,9 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
   for (;;) {
     ++rep.attempts;
     if (hook && was_member) hook(rep.attempts);
-    auto t = Clock::now();
-    if (comm_.valid()) MPIX_Comm_revoke(comm_.get());
-    MPIX_Comm_revoke(pool_.get());
-    rep.revoke_ms += ms_since(t);
-    t = Clock::now();
-    MPI_Comm shrunk = MPI_COMM_NULL;
-    const int rc = MPIX_Comm_shrink(pool_.get(), &shrunk);
-    rep.shrink_ms += ms_since(t);
-    if (rc != MPI_SUCCESS)
-      SINEW_THROW(CommFailure, "MPIX_Comm_shrink of the pool failed: {}", mpi::error_string(rc));
-    pool_ = mpi::Communicator(shrunk);
-    t = Clock::now();
+    if (comm_.valid()) MPIX_Comm_revoke(comm_.get());  // members blocked in the view return
+    pool_ = mpi::Communicator(revoke_and_shrink(pool_.get(), rep));
+    const auto t = Clock::now();
     // Who is left, and what each was. A member's entry is the same in every attempt: it describes the
     // view before this change.
     PoolEntry mine;
@@ -452,31 +448,35 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
     // The new view: surviving members in their order, then the first spares; the pool keeps all but
     // the leaving ones.
     std::vector<int> key(static_cast<std::size_t>(n), -1);
-    int survivors = 0, from_size = 0, want = 0;
+    int survivors = 0, leavers = 0, from_size = 0, want = 0;
     std::uint64_t epoch = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto& e = all[static_cast<std::size_t>(r)];
+      if (e.member == 0) continue;
+      from_size = std::max(from_size, e.old_size);
+      want = std::max(want, e.want_size);
+      epoch = std::max(epoch, e.epoch);
+      if (e.leaving != 0) {
+        ++leavers;
+      } else {
+        key[static_cast<std::size_t>(r)] = e.old_rank;
+        ++survivors;
+      }
+    }
+    // The spares left idle, by their rank in the new pool (the split keeps the order and drops only the
+    // leaving processes, which are members).
+    const int promote = std::max(0, want - survivors);
+    int promoted = 0, kept = 0;
     std::vector<int> idle;
     for (int r = 0; r < n; ++r) {
       const auto& e = all[static_cast<std::size_t>(r)];
-      if (e.member != 0) {
-        from_size = std::max(from_size, e.old_size);
-        want = std::max(want, e.want_size);
-        epoch = std::max(epoch, e.epoch);
-        if (e.leaving == 0) {
-          key[static_cast<std::size_t>(r)] = e.old_rank;
-          ++survivors;
-        }
-      }
-    }
-    const int promote = std::max(0, want - survivors);
-    int promoted = 0;
-    for (int r = 0; r < n; ++r) {
-      const auto& e = all[static_cast<std::size_t>(r)];
+      const int new_rank = e.leaving != 0 ? -1 : kept++;
       if (e.member != 0) continue;
       if (promoted < promote) {
         key[static_cast<std::size_t>(r)] = INT_MAX / 2 + r;
         ++promoted;
       } else {
-        idle.push_back(r);
+        idle.push_back(new_rank);
       }
     }
     const int me = pool_.rank();
@@ -499,19 +499,10 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
       continue;
     }
     rep.from_size = from_size;
-    rep.lost = from_size - survivors -
-               static_cast<int>(std::count_if(all.begin(), all.end(), [](const PoolEntry& e) {
-                 return e.member != 0 && e.leaving != 0;
-               }));
+    rep.lost = from_size - survivors - leavers;
     rep.promoted = promoted;
     comm_.destroy();
-    // The spares' ranks in the new pool: the split kept the order and dropped only leaving processes.
-    spare_ranks_.clear();
-    for (int r : idle) {
-      int before = 0;
-      for (int q = 0; q < r; ++q) before += all[static_cast<std::size_t>(q)].leaving;
-      spare_ranks_.push_back(r - before);
-    }
+    spare_ranks_ = std::move(idle);
     pool_ = next_pool != MPI_COMM_NULL ? mpi::Communicator(next_pool) : mpi::Communicator();
     epoch_ = epoch + 1;
     if (view != MPI_COMM_NULL) {
