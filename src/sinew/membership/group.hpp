@@ -214,8 +214,6 @@ class Group {
   /// (Liveness: a process silent for `timeout` is fenced), over every view this group takes. A process
   /// spawned by grow() calls it too, right after attach(). Zero stops watching.
   void watch(std::chrono::milliseconds timeout);
-  /// Processes this one fenced since the last change of membership.
-  [[nodiscard]] int fenced() const noexcept { return live_ ? live_->fenced() : 0; }
 
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);
   /// the others continue in a new view. A leaving member must stop using the group.
