@@ -4,10 +4,12 @@
 # Usage: mpirun.sh N [mpirun options...] -- PROGRAM [ARGS...]     (without `--`: everything is the program)
 #   e.g. hpc/net/mpirun.sh 4 -- build/apps/sinew-bench allreduce --max-bytes 67108864
 #
-# mpirun runs inside sinew-h1 (as host 1): the root namespace has no route to 10.77.0.0/24, and PRRTE's
-# daemons must call back to mpirun over that network. Rank 0 is started by mpirun itself; the other hosts'
-# daemons (prted) come through hpc/net/rsh-agent.sh. All MPI traffic (btl tcp, PRRTE's oob) is pinned to
+# mpirun runs inside sinew-h1 (as host 1): the root namespace has no route to the bed's networks, and
+# PRRTE's daemons must call back to mpirun over one of them. Rank 0 is started by mpirun itself; the other hosts'
+# daemons (prted) come through hpc/net/rsh-agent.sh. All MPI traffic (btl tcp) is pinned to
 # eth0, so it crosses the shaped links; the shared-memory transport is off since the ranks are "remote".
+# PRRTE's own traffic (oob) goes over the management network (mgmt0), as on a cluster: a cut of the data
+# network (testbed.sh cut/partition) leaves the launcher able to report a process that died.
 # Every host believes it owns all the machine's cores, so Open MPI does not see that the ranks share them
 # and busy-polls while it waits; the polling ranks then starve each other (a 4-host training step took 69
 # ms instead of 29 ms, unshaped). mpi_yield_when_idle=1, which Open MPI sets itself when it knows a node
@@ -45,7 +47,7 @@ hosts=$(seq -s, -f '10.77.0.%g' 1 "$n")
 # shellcheck disable=SC2054  # the commas are inside --host's value
 flags=("${SINEW_MPIRUN_FLAGS[@]}" --host "$hosts" -n "$n" --map-by node
   --mca plm_rsh_agent "$here/rsh-agent.sh" --mca mpi_yield_when_idle "${SINEW_BED_YIELD:-1}"
-  --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0)
+  --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include mgmt0)
 if [[ ${SINEW_BED_EAGER:-1} != 0 ]]; then
   flags+=(--mca btl_tcp_eager_limit 4194304 --mca btl_tcp_max_send_size 4194304)
 fi

@@ -5,8 +5,18 @@
 # latency or loss emulation: only bandwidth). Nothing is created in, or changed on, the root namespace:
 # the veths are created inside sinew-br and their host ends moved straight into the host namespaces.
 #
+# Like a cluster node, each host also has a management interface, mgmt0 (10.78.0.K/24, unshaped, on a
+# bridge of its own), which carries the launcher's control traffic (PRRTE's daemons) while MPI's data goes
+# over eth0. Network faults cut the data network only: a NIC or switch port that goes dark while the node
+# and its management network stay up. (PRRTE 3.0 ends the whole job when it loses a daemon, so a host cut
+# off on both networks cannot be recovered in place; docs/fault-tolerance.md.)
+#
 # Usage: testbed.sh up N RATE     create (or re-create) N hosts; RATE is `unlimited` or a tc rate (1gbit)
 #        testbed.sh rate RATE     change the rate of the existing bed in place
+#        testbed.sh cut K         host K's data link goes down (its processes stay up, unreachable)
+#        testbed.sh partition K.. the listed hosts' data links move to a bridge of their own: two halves
+#                                 that each still reach their own members, and nothing of the other
+#        testbed.sh heal          every data link up and on the one bridge again
 #        testbed.sh down          remove everything this script creates (safe when nothing exists)
 #        testbed.sh status        namespaces, addresses, qdiscs
 # Needs root. Launch ranks on it with hpc/net/mpirun.sh; tx byte counters with hpc/net/txbytes.sh.
@@ -15,8 +25,9 @@ set -euo pipefail
 BR_NS=sinew-br
 HOST_PREFIX=sinew-h
 SUBNET=10.77.0
+MGMT_SUBNET=10.78.0
 
-usage() { sed -n '7,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '13,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 hosts() {  # the host namespaces that exist now, in numeric order
   ip netns list | awk '{print $1}' | grep -E "^${HOST_PREFIX}[0-9]+$" | sort -V || true
@@ -84,6 +95,8 @@ up() {
   ip netns add "$BR_NS"
   ip -n "$BR_NS" link add name br0 type bridge   # STP is off by default: ports forward at once
   ip -n "$BR_NS" link set br0 up
+  ip -n "$BR_NS" link add name mg0 type bridge   # the management network
+  ip -n "$BR_NS" link set mg0 up
   ip -n "$BR_NS" link set lo up
   for k in $(seq 1 "$n"); do
     ns=$HOST_PREFIX$k
@@ -95,9 +108,50 @@ up() {
     ip -n "$ns" link set lo up
     ip -n "$ns" addr add "$SUBNET.$k/24" dev eth0
     ip -n "$ns" link set eth0 up
+    ip -n "$BR_NS" link add name "m$k" type veth peer name mgmt0 netns "$ns"
+    ip -n "$BR_NS" link set "m$k" master mg0 up
+    ip -n "$ns" addr add "$MGMT_SUBNET.$k/24" dev mgmt0
+    ip -n "$ns" link set mgmt0 up
   done
   set_rate "$rate"
   echo "testbed: $n hosts ${HOST_PREFIX}1..$HOST_PREFIX$n ($SUBNET.1..$SUBNET.$n), rate $rate"
+}
+
+host_k() {  # validates a host number of the bed
+  [[ $1 =~ ^[0-9]+$ ]] && ip netns list | grep -qE "^$HOST_PREFIX$1( |$)" ||
+    { echo "error: '$1' is not a host of the bed (1..N; see testbed.sh status)" >&2; exit 2; }
+}
+
+# The data link of host K goes down at the bridge's end: frames neither leave nor reach the host, as when
+# a switch port or a NIC goes dark. The host's own interface stays up (as it would on a real node) and
+# nothing tells its sockets: TCP retransmits into the void.
+cut() {
+  host_k "$1"
+  ip -n "$BR_NS" link set "p$1" down
+  echo "testbed: host $1 cut off the data network"
+}
+
+# The listed hosts' data ports move to bridge br1: each half still reaches its own members.
+partition() {
+  local k
+  [[ $# -ge 1 ]] || usage
+  for k in "$@"; do host_k "$k"; done
+  ip -n "$BR_NS" link show br1 >/dev/null 2>&1 || {
+    ip -n "$BR_NS" link add name br1 type bridge
+    ip -n "$BR_NS" link set br1 up
+  }
+  for k in "$@"; do ip -n "$BR_NS" link set "p$k" master br1; done
+  echo "testbed: data network partitioned: {$*} apart from the rest"
+}
+
+heal() {
+  local ns k
+  for ns in $(hosts); do
+    k=${ns#"$HOST_PREFIX"}
+    ip -n "$BR_NS" link set "p$k" master br0 up
+  done
+  if ip -n "$BR_NS" link show br1 >/dev/null 2>&1; then ip -n "$BR_NS" link del br1; fi
+  echo "testbed: data network healed"
 }
 
 status() {
@@ -115,6 +169,9 @@ case ${1:-} in
   up) [[ $# -eq 3 ]] || usage; up "$2" "$3" ;;
   rate) [[ $# -eq 2 ]] || usage; [[ -n $(hosts) ]] || { echo "error: no bed; run up first" >&2; exit 1; }
     set_rate "$2"; echo "testbed: rate $2" ;;
+  cut) [[ $# -eq 2 ]] || usage; cut "$2" ;;
+  partition) shift; partition "$@" ;;
+  heal) [[ $# -eq 1 ]] || usage; heal ;;
   down) [[ $# -eq 1 ]] || usage; down ;;
   status) status ;;
   *) usage ;;
