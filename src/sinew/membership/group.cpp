@@ -1,6 +1,7 @@
 #include "sinew/membership/group.hpp"
 
 #include <dlfcn.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -11,7 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
@@ -209,7 +212,9 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
   }
   ShrinkReport rep;
   const int before = size_;
-  live_.reset();  // the detector's ring includes the failed members; rebuilt over the new view below
+  // The detector runs on through the recovery (rebuilt over the new view below): a process cut off from
+  // the data network while the others wait for it in the shrink must still fence itself.
+  if (live_) live_->recovering();
   for (;;) {
     ++rep.attempts;
     if (hook) hook(rep.attempts);
@@ -239,7 +244,7 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
 #endif
 }
 
-GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
+GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::function<void()>& spawning) {
   GrowReport rep;
   if (n <= 0) return rep;
   if (spawn_.empty()) {
@@ -252,7 +257,17 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
                      SourceLocation::current());
   }
   const bool ft = SINEW_HAVE_ULFM != 0 && mpi::ulfm_enabled();
-  live_.reset();  // rebuilt over the grown view, with the new members (they call watch() after attach())
+  // Spawning onto a host whose processes went silent (cut off) would leave the new process unable to
+  // join: the members then block in MPI_Intercomm_merge for ever (Open MPI 5.0.7; revoking the link from
+  // a watchdog made the merge loop in libnbc). So after such a failure the new processes go to the hosts
+  // the group still reaches (MPI_Info "host"; only the root's info counts). Otherwise the runtime chooses
+  // (a failed process's free slot), which keeps one process per device on an accelerator cluster.
+  // The detector over the current view runs on through the spawn (rebuilt over the grown view at the
+  // end, with the new members: they call watch() after attach()).
+  std::vector<std::string> reach;
+  if (live_) reach = live_->reachable_hosts();
+  note_silent();
+  for (const std::string& h : silent_hosts_) std::erase(reach, h);
   auto call = std::make_shared<SpawnCall>();
   call->errcodes.assign(static_cast<std::size_t>(n), MPI_SUCCESS);
   MPI_Info info = MPI_INFO_NULL;
@@ -265,30 +280,53 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline) {
     // MPI-4's key: an MPI_Init that fails in a new process (its spawn abandoned) returns an error there
     // instead of aborting the job; the process then leaves (apps/sinew_train.cpp).
     MPI_Info_set(info, "mpi_initial_errhandler", "mpi_errors_return");
+    if (!silent_hosts_.empty() && !reach.empty()) {
+      const std::string hosts = fmt::format("{}", fmt::join(reach, ","));
+      MPI_Info_set(info, "host", hosts.c_str());
+      if (rank_ == 0) spdlog::info("spawning onto {} (hosts the group reaches)", hosts);
+    }
   }
   auto t = Clock::now();
-  // The helper owns copies of everything it uses: it may outlive this call (abandoned, see the header).
-  std::thread([call, cmd = spawn_, n, comm = comm_.get(), info]() mutable {
-    std::vector<char*> argv;
-    for (auto& a : cmd.args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    MPI_Comm inter = MPI_COMM_NULL;
-    const int rc =
-        MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, info, 0, comm, &inter, call->errcodes.data());
-    if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+  // The spawn runs on a communicator of its own. A group that gives up on it (deadline) goes on with its
+  // collectives on comm_ while the helper may still be inside the spawn, and two threads in collectives on
+  // one communicator is erroneous MPI. A dup that fails (a member died) is the spawn's failure, agreed on
+  // below like any other; `spawning` (a test's fault) comes after it, so that a member dying there dies
+  // during the spawn itself.
+  MPI_Comm spawn_comm = MPI_COMM_NULL;
+  const int drc = MPI_Comm_dup(comm_.get(), &spawn_comm);
+  if (drc != MPI_SUCCESS) {
     std::lock_guard lock(call->mu);
-    call->rc = rc;
-    call->inter = inter;
+    call->rc = drc;
     call->done = true;
-    if (call->abandoned && inter != MPI_COMM_NULL) {
-      // Returned after the group gave up on it: the new processes must not wait for a merge.
+    if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+  } else {
+    MPI_Comm_set_errhandler(spawn_comm, MPI_ERRORS_RETURN);
+    if (spawning) spawning();
+  }
+  // The helper owns copies of everything it uses: it may outlive this call (abandoned, see the header).
+  if (drc == MPI_SUCCESS)
+    std::thread([call, cmd = spawn_, n, comm = spawn_comm, info]() mutable {
+      std::vector<char*> argv;
+      for (auto& a : cmd.args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      MPI_Comm inter = MPI_COMM_NULL;
+      const int rc =
+          MPI_Comm_spawn(cmd.program.c_str(), argv.data(), n, info, 0, comm, &inter, call->errcodes.data());
+      if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+      MPI_Comm_free(&comm);  // local in Open MPI: frees this process's handle only
+      std::lock_guard lock(call->mu);
+      call->rc = rc;
+      call->inter = inter;
+      call->done = true;
+      if (call->abandoned && inter != MPI_COMM_NULL) {
+        // Returned after the group gave up on it: the new processes must not wait for a merge.
 #if SINEW_HAVE_ULFM
-      MPIX_Comm_revoke(inter);
+        MPIX_Comm_revoke(inter);
 #endif
-      MPI_Comm_free(&call->inter);
-    }
-    call->cv.notify_all();
-  }).detach();
+        MPI_Comm_free(&call->inter);
+      }
+      call->cv.notify_all();
+    }).detach();
   bool timed_out = false;
   {
     std::unique_lock lock(call->mu);
@@ -425,7 +463,7 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
   const bool was_member = !spare_;
   rep.from_size = size_;
   const int old_rank = rank_;
-  live_.reset();
+  if (live_) live_->recovering();  // as in shrink(): runs on through the reform
   for (;;) {
     ++rep.attempts;
     if (hook && was_member) hook(rep.attempts);
@@ -534,8 +572,21 @@ void Group::watch(std::chrono::milliseconds timeout) {
   rewatch();
 }
 
-void Group::rewatch() {
+void Group::note_silent() {
+  if (!live_) return;
+  for (std::string& h : live_->silent_hosts()) {
+    if (std::find(silent_hosts_.begin(), silent_hosts_.end(), h) == silent_hosts_.end())
+      silent_hosts_.push_back(std::move(h));
+  }
+}
+
+void Group::unwatch() {
+  note_silent();
   live_.reset();
+}
+
+void Group::rewatch() {
+  unwatch();
   if (watch_.count() <= 0) return;
   const mpi::Communicator& over = pool_.valid() ? pool_ : comm_;
   if (over.valid()) live_ = std::make_unique<Liveness>(over, watch_);
@@ -553,7 +604,7 @@ void Group::dismiss_spares() {
 }
 
 void Group::split_leave(bool leaving) {
-  live_.reset();
+  unwatch();
   MPI_Comm next = MPI_COMM_NULL;
   SINEW_MPI(MPI_Comm_split(comm_.get(), leaving ? MPI_UNDEFINED : 0, rank_, &next));
   comm_.destroy();

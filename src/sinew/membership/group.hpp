@@ -191,8 +191,9 @@ class Group {
   /// a member whose spawn is past the deadline abandons that thread (left blocked in MPI; the process's
   /// bounded finalize ends it, mpi::Environment::finalize) and joins the agreement. The new processes
   /// are told the deadline (environment SINEW_JOIN_DEADLINE_MS, see JoinDeadline) and leave on their own
-  /// if they cannot join.
-  GrowReport grow(int n, std::chrono::milliseconds deadline = std::chrono::milliseconds(30000));
+  /// if they cannot join. `spawning` runs right before the spawn starts (tests: a fault injected there).
+  GrowReport grow(int n, std::chrono::milliseconds deadline = std::chrono::milliseconds(30000),
+                  const std::function<void()>& spawning = {});
 
   /// For a spare: waits, without spinning on a core (it polls every `poll`), until the members change the
   /// view. Returns the reform's report once this process was promoted (it is a member now, role()
@@ -237,7 +238,12 @@ class Group {
   // Stall detection over the current pool or view, rebuilt after every change (watch()).
   std::chrono::milliseconds watch_{0};
   std::unique_ptr<Liveness> live_;
+  // Hosts whose processes went silent without being fenced here (cut off from the data network, as far as
+  // this process could tell), for the whole job: grow() does not spawn onto them.
+  std::vector<std::string> silent_hosts_;
   void rewatch();
+  void unwatch();      ///< notes the detector's silent hosts, then stops it
+  void note_silent();  ///< adds the detector's silent hosts to silent_hosts_
 };
 
 }  // namespace sinew::membership

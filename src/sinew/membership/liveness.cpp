@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "sinew/core/timer.hpp"
@@ -30,6 +32,13 @@ namespace {
 constexpr std::uint32_t kBeat = 0x53574842;  // "SWHB"
 constexpr std::uint32_t kBye = 0x53574259;   // "SWBY"
 
+/// One datagram: what, the view's token, the sender's rank in the view.
+struct Message {
+  std::uint32_t what = 0;
+  std::uint32_t token = 0;
+  std::int32_t rank = -1;
+};
+
 /// Who a process is, for the runtime and for a local SIGKILL.
 struct Identity {
   std::array<char, 256> nspace{};  ///< PMIx namespace (PMIX_NAMESPACE), empty if unknown
@@ -38,24 +47,52 @@ struct Identity {
   std::array<char, 64> host{};
   std::array<char, 40> boot_id{};  ///< the kernel's, /proc/sys/kernel/random/boot_id
   std::uint64_t pidns = 0;         ///< inode of /proc/self/ns/pid
+  std::uint64_t netns = 0;         ///< inode of /proc/self/ns/net
   std::uint32_t addr = 0;          ///< IPv4 of the heartbeat socket, network order
   std::uint16_t port = 0;          ///< network order
+  std::uint32_t token = 0;         ///< a random number; rank 0's becomes the view's token
 };
 
-/// This host's first IPv4 address that is up and not loopback (the one its peers reach it on; on the test
-/// bed, the namespace's own interface), else 127.0.0.1.
+/// The IPv4 address this process's peers reach it on: the first address of the first interface in Open
+/// MPI's btl_tcp_if_include (the network MPI's data takes, e.g. eth0 on the test bed), else the first
+/// non-loopback interface that is up, else 127.0.0.1.
 std::uint32_t host_address() {
+  std::vector<std::string> wanted;
+  if (const char* inc = std::getenv("OMPI_MCA_btl_tcp_if_include")) {  // NOLINT(concurrency-mt-unsafe)
+    std::string list = inc;
+    for (std::size_t at = 0; at <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at) wanted.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
   std::uint32_t out = htonl(INADDR_LOOPBACK);
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return out;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+  auto usable = [](const ifaddrs* i) {
+    return i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) != 0;
+  };
+  bool found = false;
+  for (const std::string& name : wanted) {  // in the order given
+    for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+      if (!usable(i) || name != i->ifa_name) continue;
+      out = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+      found = true;
+    }
+    if (found) break;
+  }
+  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (!usable(i) || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
     out = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
-    break;
+    found = true;
   }
   ::freeifaddrs(list);
   return out;
+}
+
+std::uint64_t ns_inode(const char* path) {
+  struct stat st {};
+  return ::stat(path, &st) == 0 ? st.st_ino : 0;
 }
 
 Identity whoami() {
@@ -72,16 +109,16 @@ Identity whoami() {
       id.boot_id[0] = '\0';
     std::fclose(f);
   }
-  struct stat st {};
-  if (::stat("/proc/self/ns/pid", &st) == 0) id.pidns = st.st_ino;
+  id.pidns = ns_inode("/proc/self/ns/pid");
+  id.netns = ns_inode("/proc/self/ns/net");
   return id;
 }
 
-/// Whether this process can send `who` a signal: the same kernel (boot id) and the same PID namespace.
-/// True for two ranks on one node, false across nodes.
-bool can_signal(const Identity& who) {
-  const Identity me = whoami();
-  return who.pid > 0 && who.pidns != 0 && who.pidns == me.pidns &&
+/// Whether this process can send `who` a signal as a node can its own processes: the same kernel (boot id),
+/// PID namespace and network namespace. True for two ranks on one node, false across nodes, and false
+/// across the test bed's hosts (network namespaces on one kernel), which stand for separate nodes.
+bool can_signal(const Identity& who, const Identity& me) {
+  return who.pid > 0 && who.pidns != 0 && who.pidns == me.pidns && who.netns == me.netns &&
          std::strncmp(who.boot_id.data(), me.boot_id.data(), me.boot_id.size()) == 0;
 }
 
@@ -90,12 +127,18 @@ bool can_signal(const Identity& who) {
 struct Liveness::Peer {
   Identity id;
   sockaddr_in to{};
+  Clock::time_point heard{};
+  bool bye = false;
 };
 
 Liveness::Liveness(const mpi::Communicator& over, std::chrono::milliseconds timeout)
-    : timeout_(timeout), pred_(std::make_unique<Peer>()), succ_(std::make_unique<Peer>()) {
-  const int rank = over.rank(), size = over.size();
+    : timeout_(timeout), rank_(over.rank()) {
+  const int size = over.size();
   Identity mine = whoami();
+  {
+    std::random_device rd;
+    mine.token = rd();
+  }
   if (size > 1) {
     fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
@@ -117,12 +160,17 @@ Liveness::Liveness(const mpi::Communicator& over, std::chrono::milliseconds time
   SINEW_MPI(
       MPI_Allgather(&mine, sizeof(Identity), MPI_BYTE, all.data(), sizeof(Identity), MPI_BYTE, over.get()));
   if (size < 2 || fd_ < 0) return;
-  pred_rank_ = (rank + size - 1) % size;
-  pred_->id = all[static_cast<std::size_t>(pred_rank_)];
-  succ_->id = all[static_cast<std::size_t>((rank + 1) % size)];
-  succ_->to.sin_family = AF_INET;
-  succ_->to.sin_addr.s_addr = succ_->id.addr;
-  succ_->to.sin_port = succ_->id.port;
+  token_ = all[0].token;
+  peers_.resize(all.size());
+  const auto now = Clock::now();
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    Peer& p = peers_[r];
+    p.id = all[r];
+    p.to.sin_family = AF_INET;
+    p.to.sin_addr.s_addr = p.id.addr;
+    p.to.sin_port = p.id.port;
+    p.heard = now;
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -135,53 +183,116 @@ Liveness::~Liveness() {
 void Liveness::loop() {
   using namespace std::chrono;
   const auto period = std::clamp(timeout_ / 10, milliseconds(10), milliseconds(500));
-  const bool has_succ = succ_->id.port != 0;
-  bool watching = pred_->id.port != 0;
   auto send = [&](std::uint32_t what) {
-    if (has_succ)
-      ::sendto(fd_, &what, sizeof(what), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&succ_->to),
-               sizeof(succ_->to));
+    const Message m{what, token_, rank_};
+    for (std::size_t r = 0; r < peers_.size(); ++r) {
+      const Peer& p = peers_[r];
+      if (static_cast<int>(r) == rank_ || p.id.port == 0) continue;
+      ::sendto(fd_, &m, sizeof(m), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&p.to), sizeof(p.to));
+    }
   };
-  auto heard = Clock::now();
+  std::vector<bool> reported(peers_.size(), false), suspected(peers_.size(), false);
   auto next_beat = Clock::now();
   while (!stop_.load()) {
     if (Clock::now() >= next_beat) {
       send(kBeat);
-      next_beat += period;
+      next_beat = Clock::now() + period;
     }
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, 20) > 0) {
-      std::uint32_t msg = 0;
-      sockaddr_in from{};
-      socklen_t len = sizeof(from);
-      while (::recvfrom(fd_, &msg, sizeof(msg), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &len) ==
-             static_cast<ssize_t>(sizeof(msg))) {
-        len = sizeof(from);
-        // Only the predecessor's datagrams count (its port is its own; the source address depends on the
-        // route, so it is not compared).
-        if (from.sin_port != pred_->id.port) continue;
-        heard = Clock::now();
-        if (msg == kBye) watching = false;  // it stops on purpose (end, or a change of membership)
+      Message m;
+      // Everything queued is read before any judgement: a thread that was not scheduled for a while finds
+      // the beats that arrived meanwhile and does not take its own delay for the others' silence.
+      while (::recv(fd_, &m, sizeof(m), MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(m))) {
+        if (m.token != token_ || m.rank < 0 || m.rank >= static_cast<int>(peers_.size())) continue;
+        Peer& from = peers_[static_cast<std::size_t>(m.rank)];
+        from.heard = Clock::now();
+        if (m.what == kBye) from.bye = true;  // it stops on purpose (end, or a change of membership)
       }
     }
-    if (watching && Clock::now() - heard > timeout_) {
-      watching = false;
-      const Identity& who = pred_->id;
-      const double ms = seconds_since(heard) * 1e3;
-      // SIGKILL works on a stopped process too. Open MPI then reports it failed (ULFM), as for kill -9.
-      const bool killed = can_signal(who) && ::kill(static_cast<pid_t>(who.pid), SIGKILL) == 0;
-      fenced_.fetch_add(killed ? 1 : 0);
-      spdlog::error(
-          "rank {} of the ring (process {}:{}, pid {} on {}) sent no heartbeat for {:.0f} ms: it stopped "
-          "without dying; {}",
-          pred_rank_, who.nspace.data(), who.pmix_rank, who.pid, who.host.data(), ms,
-          killed
-              ? "fenced (SIGKILL), so that the group recovers without it"
-              : "cannot fence a process on another node; the collectives' deadline (--timeout-ms) applies");
+    judge(reported, suspected);
+  }
+  // Stopping on purpose: the others must not take the silence for a stall.
+  send(kBye);
+}
+
+void Liveness::judge(std::vector<bool>& reported, std::vector<bool>& suspected) {
+  const auto now = Clock::now();
+  const Identity& me = peers_[static_cast<std::size_t>(rank_)].id;
+  // Suspects first, at half the timeout: a host whose process has been silent that long gets no new
+  // process (Group::grow), even if the process is excluded before this one's own timeout expires.
+  for (std::size_t r = 0; r < peers_.size(); ++r) {
+    const Peer& p = peers_[r];
+    if (p.bye || suspected[r] || static_cast<int>(r) == rank_ || now - p.heard <= timeout_ / 2) continue;
+    suspected[r] = true;
+    if (can_signal(p.id, me)) continue;  // on this node: fenced below if it stays silent
+    std::lock_guard lock(mu_);
+    silent_.emplace_back(p.id.host.data());
+  }
+  int watched = 0, heard = 0, lowest = -1, lowest_heard = -1;
+  bool any_silent = false;
+  for (std::size_t r = 0; r < peers_.size(); ++r) {
+    const Peer& p = peers_[r];
+    if (p.id.port == 0) continue;  // not watched
+    // A process that said bye was reachable when it did (it leaves this view for the next one): it counts
+    // as heard, or the bye of a survivor that began its recovery would tip a survivor's count.
+    const bool alive = static_cast<int>(r) == rank_ || p.bye || now - p.heard <= timeout_;
+    ++watched;
+    if (lowest < 0) lowest = static_cast<int>(r);
+    if (alive) {
+      ++heard;
+      if (lowest_heard < 0) lowest_heard = static_cast<int>(r);
+    } else {
+      any_silent = true;
     }
   }
-  // Stopping on purpose: the successor must not take the silence for a stall.
-  send(kBye);
+  if (!any_silent) return;
+  const bool recovering = recovering_.load();
+  if (recovering ? heard == 1 && watched > 1 : !has_quorum(heard, watched, lowest_heard == lowest)) {
+    // Cut off: the others (a quorum, if there is one) go on without this process, which must not write
+    // anything more. SIGKILL, as for kill -9: the launcher's daemon on this node reports it failed.
+    spdlog::error(
+        "heard nothing for {} ms from {} of the {} processes of the group: this process ({} on {}) is "
+        "cut off from the others, and fences itself (SIGKILL) so that they go on without it",
+        timeout_.count(), watched - heard, watched, me.pid, me.host.data());
+    spdlog::default_logger()->flush();
+    fenced_.fetch_add(1);
+    ::kill(::getpid(), SIGKILL);
+    return;
+  }
+  for (std::size_t r = 0; r < peers_.size(); ++r) {
+    const Peer& p = peers_[r];
+    if (p.bye || reported[r] || static_cast<int>(r) == rank_ || now - p.heard <= timeout_) continue;
+    reported[r] = true;
+    const Identity& who = p.id;
+    const double ms = std::chrono::duration<double, std::milli>(now - p.heard).count();
+    // SIGKILL works on a stopped process too. Open MPI then reports it failed (ULFM), as for kill -9.
+    const bool killed = can_signal(who, me) && ::kill(static_cast<pid_t>(who.pid), SIGKILL) == 0;
+    fenced_.fetch_add(killed ? 1 : 0);
+    if (recovering && !killed) continue;  // dead, most likely: the recovery is about it
+    spdlog::error(
+        "rank {} of the view (process {}:{}, pid {} on {}) sent no heartbeat for {:.0f} ms: {}", r,
+        who.nspace.data(), who.pmix_rank, who.pid, who.host.data(), ms,
+        killed ? "it stopped without dying; fenced (SIGKILL), so that the group recovers without it"
+               : "on another node it either fences itself (cut off, without a quorum) or is stalled, and "
+                 "then the collectives' deadline (--timeout-ms) applies");
+  }
+}
+
+std::vector<std::string> Liveness::silent_hosts() const {
+  std::lock_guard lock(mu_);
+  return silent_;
+}
+
+std::vector<std::string> Liveness::reachable_hosts() const {
+  const std::vector<std::string> silent = silent_hosts();
+  std::vector<std::string> out;
+  for (const Peer& p : peers_) {
+    const std::string h = p.id.host.data();
+    if (h.empty() || std::find(silent.begin(), silent.end(), h) != silent.end()) continue;
+    if (std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
+  }
+  return out;
 }
 
 }  // namespace sinew::membership

@@ -172,7 +172,6 @@ void ElasticController::grow_to(int target, const char* why) {
   const int from = fabric_->size();
   fabric_.reset();
   const auto t = Clock::now();
-  faults_.at(fault::Point::kSpawn, state_.pos().step + 1);
   GrowEvent ev;
   ev.reason = why;
   ev.step = state_.pos().step;
@@ -207,7 +206,8 @@ void ElasticController::grow_to(int target, const char* why) {
   try {
     // The spawn has its own deadline, far shorter than the collectives' one: a spawn that cannot complete
     // (Open MPI 5.0.7 blocks it for ever when a member dies during it) is given up, not waited for.
-    rep = group_.grow(target - from, std::chrono::milliseconds(cfg_.spawn_timeout_ms));
+    rep = group_.grow(target - from, std::chrono::milliseconds(cfg_.spawn_timeout_ms),
+                      [&] { faults_.at(fault::Point::kSpawn, state_.pos().step + 1); });
   } catch (const membership::SpawnError& e) {
     // Every member is alive and the view unchanged (no free slots, or the spawn timed out): go on at this
     // size, and do not try again (until the job server asks for another size).
