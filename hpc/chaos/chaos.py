@@ -20,6 +20,13 @@ are lost than spares are left. The plan of a trial depends only on --seed, its n
 --spares, and is printed, so `--only K` replays one trial (the summary prints the replay command); K is
 drawn from a stream of its own, so that `--spares 0` gives the plans of the driver before spares.
 
+Link cuts (--link-cuts P, default 0.1): with probability P (a stream of its own, so `--link-cuts 0` gives
+the plans of the driver before them) a trial's first member kill becomes a cut of that member's data link
+on the shaped test bed (hpc/net/, one host per launch rank, brought up by the driver; needs root): the
+process stays alive, unreachable, and must be excluded by the failure detector (it fences itself after
+--stall-timeout-ms, 10 s) while the others go on. Kills drawn relative to a cut count their delay from
+the exclusion (the cut plus 10 s), so that "during recovery" still means during the recovery.
+
 A trial passes when mpirun exits 0 before the deadline, the `done` event is written, the test accuracy
 is at most --tolerance points below a failure-free reference run of the same configuration (run once per
 configuration and sinew-train binary, cached in --out; hot spares, checkpoints and growth do not change
@@ -30,15 +37,16 @@ and output (hang before/after done, nonzero exit after or before done, the spawn
 exiting on MPI_ERR_REVOKED or another error, accuracy, audit, spare-unused), with the evidence lines.
 
 Patterns live in one registry (PATTERNS): a relation pattern draws a further kill relative to an earlier
-one; a tag pattern only classifies plans. Link cuts are registered as not available.
+one; a tag pattern only classifies plans.
 
 usage: chaos.py [--trials N] [--seed S] [--only K[,K...]] [--patterns P,...] [--algorithms A,...]
-                [--spares K,...] [--deadline S] [--out DIR] [--json FILE] [--train BIN] [--dry-run]
+                [--spares K,...] [--link-cuts P] [--deadline S] [--out DIR] [--json FILE] [--train BIN] [--dry-run]
                 [--rejudge RESULTS]
        (run from the repository root with /usr/bin/python3; exit 0 all passed, 1 some failed,
        77 ULFM or Fashion-MNIST missing)
 """
 import argparse
+import atexit
 import dataclasses
 import glob
 import hashlib
@@ -65,6 +73,8 @@ BATCH = 64
 STEP_SLEEP_MS = 20  # so that external kills land mid-run
 CHECKPOINT_EVERY = 20
 TIMEOUT_MS = 15000  # deadline of every collective (and of the spawn watchdog)
+STALL_S = 10.0  # sinew-train's default --stall-timeout-ms: a cut-off process is excluded this long after the cut
+NET = os.path.join(ROOT, "hpc/net")
 
 TRAIN_POINTS = ["forward", "backward", "allreduce", "optimizer"]
 CHECKPOINT_POINTS = ["before-shard-data", "after-shard-data", "before-fsync", "before-manifest",
@@ -87,9 +97,10 @@ ALGORITHMS = {
 
 @dataclasses.dataclass
 class Kill:
-    """One planned kill. `how` is inject (--inject-fault) or external (kill -9 from the driver). An external
-    kill with `after` set fires `delay_s` after kill number `after` of the trial; without, at metrics step
-    `step`."""
+    """One planned kill. `how` is inject (--inject-fault), external (kill -9 from the driver) or link (the
+    rank's host loses its data link on the test bed, at metrics step `step`). An external kill with `after`
+    set fires `delay_s` after kill number `after` of the trial (after its exclusion, for a link cut);
+    without, at metrics step `step`."""
     rank: int
     how: str
     relation: str  # the pattern that drew it: first, sequential, simultaneous, during-recovery, ...
@@ -104,6 +115,8 @@ class Kill:
     def describe(self):
         if self.how == "inject":
             return f"inject {self.spec()}"
+        if self.how == "link":
+            return f"cut r{self.rank}'s link at step {self.step}"
         if self.after >= 0:
             return f"kill -9 r{self.rank} {1000 * self.delay_s:.0f}ms after #{self.after + 1}"
         if self.relation == "idle-spare":
@@ -124,6 +137,10 @@ class Plan:
     def procs(self):
         """Processes mpirun launches: the members and the spares."""
         return self.n + self.spares
+
+    def on_bed(self):
+        """Whether the trial runs on the shaped test bed (it cuts a link)."""
+        return any(k.how == "link" for k in self.kills)
 
     def member_kills(self):
         """The kills of members (a promoted spare is a member): all but an idle spare's."""
@@ -301,14 +318,14 @@ PATTERNS = [
     Pattern("idle-spare", "an idle spare killed (kill -9) before any failure"),  # drawn by make_plan
     Pattern("promoted-spare", "the spare promoted by the first failure killed later",
             matches=lambda plan: any(k.rank >= plan.n and k.relation != "idle-spare" for k in plan.kills)),
-    Pattern("link-cuts", "a network link cut (not implemented yet)", available=False),
+    Pattern("link-cuts", "a member's data link cut on the test bed", matches=lambda plan: plan.on_bed()),
 ]
 
 
-def make_plan(seed, index, algorithms=None, spares=(0, 1, 2)):
-    """The plan of trial `index`: a function of (seed, index, algorithms, spares) only, so that one trial
-    can be replayed. The hot spares (and an idle spare's kill) come from a stream of their own: with
-    `spares` (0,) the plans are those of the driver before spares."""
+def make_plan(seed, index, algorithms=None, spares=(0, 1, 2), link_cuts=0.0):
+    """The plan of trial `index`: a function of (seed, index, algorithms, spares, link_cuts) only, so that
+    one trial can be replayed. The hot spares (and an idle spare's kill) and the link cuts come from streams
+    of their own: with `spares` (0,) and `link_cuts` 0 the plans are those of the driver before them."""
     rng = random.Random(f"sinew-chaos:{seed}:{index}")
     srng = random.Random(f"sinew-chaos-spares:{seed}:{index}")
     n = 6 if rng.random() < 0.12 else 4
@@ -330,6 +347,9 @@ def make_plan(seed, index, algorithms=None, spares=(0, 1, 2)):
         relations = [p for p in PATTERNS if p.available and p.draw and (p.applies is None or p.applies(plan))]
         pattern = rng.choices(relations, weights=[p.weight for p in relations])[0]
         plan.kills.append(pattern.draw(rng, plan, prev))
+    if random.Random(f"sinew-chaos-links:{seed}:{index}").random() < link_cuts:
+        i = plan.kills.index(first)
+        plan.kills[i] = Kill(first.rank, "link", "link-cut", step=first.step)
     return plan
 
 
@@ -456,11 +476,20 @@ class Watcher:
                 if gone(self.pids[k.rank]):
                     self.fired[i] = now
                 continue
+            if k.how == "link":
+                if self.step >= k.step:
+                    cut = subprocess.run([f"{NET}/testbed.sh", "cut", str(k.rank + 1)], capture_output=True,
+                                         text=True, timeout=60)
+                    if cut.returncode != 0:
+                        self.notes.append(f"kill #{i + 1}: the cut failed: {cut.stderr.strip()}")
+                    self.fired[i] = time.time()
+                continue
             if k.after >= 0:
                 if self.fired[k.after] is None:
                     wait = 0.002  # the trigger may come any moment: stay close to it
                     continue
-                due = self.fired[k.after] + k.delay_s
+                # After a cut, from the exclusion on: the cut-off process fences itself STALL_S later.
+                due = self.fired[k.after] + k.delay_s + (STALL_S if self.plan.kills[k.after].how == "link" else 0)
             else:
                 due = now if self.step >= k.step else None
             if due is None:
@@ -510,7 +539,11 @@ def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
     output and metrics are copied to keep_dir."""
     d = tempfile.mkdtemp(prefix=f"sinew-chaos-{plan.index}-")
     try:
-        cmd = [mpirun, *flags, "-n", str(plan.procs()), train, *plan.options(d)]
+        if plan.on_bed():  # one host per launch rank; mpirun.sh adds the ULFM flags itself
+            subprocess.run([f"{NET}/testbed.sh", "heal"], capture_output=True, timeout=60, check=True)
+            cmd = [f"{NET}/mpirun.sh", str(plan.procs()), "--", train, *plan.options(d)]
+        else:
+            cmd = [mpirun, *flags, "-n", str(plan.procs()), train, *plan.options(d)]
         with open(f"{d}/out.txt", "w") as out:
             t0 = time.time()
             job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -556,6 +589,8 @@ def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
         for p in procs_of(d):  # an exception above must not leave processes behind
             kill9(p)
         shutil.rmtree(d)
+        if plan.on_bed():
+            subprocess.run([f"{NET}/testbed.sh", "heal"], capture_output=True, timeout=60)
 
 
 # ---- judging --------------------------------------------------------------------------------------------
@@ -717,6 +752,8 @@ def main():
                     f"configurations, fewer reference runs); default all: {','.join(sorted(ALGORITHMS))}")
     ap.add_argument("--spares", default="0,1,2", help="the numbers of hot spares a trial with growth draws from "
                     "(comma-separated, default 0,1,2; 0: no spares, the plans of the driver before them)")
+    ap.add_argument("--link-cuts", type=float, default=0.1, help="the chance that a trial's first member kill is "
+                    "a cut of its data link on the test bed instead (hpc/net/; needs root; default 0.1, 0: none)")
     ap.add_argument("--dry-run", action="store_true", help="print the plans, run nothing")
     ap.add_argument("--rejudge", metavar="RESULTS", help="classify a results file's failed trials again from "
                     "their logs and print the summary; runs nothing")
@@ -735,10 +772,13 @@ def main():
     if spares[0] < 0:
         ap.error(f"--spares {a.spares}: a number of spares is at least 0")
     # What the plans depend on besides seed and trial, for the replay command.
+    if not 0 <= a.link_cuts <= 1:
+        ap.error(f"--link-cuts {a.link_cuts}: a chance, between 0 and 1")
     plan_options = (f" --algorithms {','.join(algorithms)}" if algorithms else "") + \
-        (f" --spares {','.join(map(str, spares))}" if spares != [0, 1, 2] else "")
+        (f" --spares {','.join(map(str, spares))}" if spares != [0, 1, 2] else "") + \
+        (f" --link-cuts {a.link_cuts}" if a.link_cuts != 0.1 else "")
     indices = [int(k) for k in a.only.split(",")] if a.only else list(range(1, a.trials + 1))
-    plans = [make_plan(a.seed, k, algorithms, spares) for k in indices]
+    plans = [make_plan(a.seed, k, algorithms, spares, a.link_cuts) for k in indices]
     if a.patterns:
         want = set(a.patterns.split(","))
         unknown = want - {p.name for p in PATTERNS}
@@ -760,6 +800,18 @@ def main():
     if not os.path.exists(f"{FASHION_MNIST}/train-images-idx3-ubyte.gz"):
         print(f"SKIP chaos: {FASHION_MNIST} is not installed (mpi_scripts/setup.sh installs it)")
         return 77
+    bed = max((pl.procs() for pl in plans if pl.on_bed()), default=0)
+    if bed:
+        if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+            print("SKIP chaos: link cuts need the test bed (root, ip, tc); run with --link-cuts 0 without them")
+            return 77
+        up = subprocess.run([f"{NET}/testbed.sh", "up", str(bed), "unlimited"], capture_output=True, text=True,
+                            timeout=120)
+        if up.returncode != 0:
+            subprocess.run([f"{NET}/testbed.sh", "down"], capture_output=True, timeout=120)
+            print(f"SKIP chaos: the test bed could not be built ({up.stderr.strip()}); run with --link-cuts 0")
+            return 77
+        atexit.register(lambda: subprocess.run([f"{NET}/testbed.sh", "down"], capture_output=True, timeout=120))
     os.makedirs(a.out, exist_ok=True)
     # A private copy of the binary, so that a rebuild during the campaign does not change what runs (the
     # spawn starts /proc/self/exe: the copy).
