@@ -56,6 +56,7 @@ packages=(
   libhwloc-dev libevent-dev flex perl
   python3 python3-numpy python3-matplotlib
   clang libclang-rt-14-dev
+  iproute2  # ip and tc: the shaped test bed (hpc/net/) of the benchmarks and the net.* tests
 )
 if [ "${SINEW_WITH_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch libopenblas0)

@@ -8,10 +8,14 @@
 # exactly once (the audit).
 #
 # Usage: net_faults.sh SCENARIO WORKDIR SINEW_TRAIN REFERENCE   (REFERENCE: the reference run's accuracy file)
-#   link-down   host 3 (rank 2) loses its data link at step 20
+#   link-down   host 3 (rank 2) loses its data link at step 20: the other 3 go on
 #   partition   hosts 3 and 4 are cut off from hosts 1 and 2: an even split, the half with rank 0 goes on
 #   rank0-cut   host 1 (rank 0, and mpirun) loses its data link: the others go on, a new rank 0 writes
 #   spare       5 hosts, --spares 1 (on host 5): host 2 is cut off and the spare takes its place
+# Without spares the group goes on smaller (--grow false): PRRTE 3.0.8 logs "PMIX ERROR ...
+# pmix_server_dyn.c at line 1048" for every spawn across its daemons, and then mpirun itself died of heap
+# corruption at the end of the job in about 1 run of 6, even for a 20-line spawn program without any
+# fault; spawning back after a cut (onto a host the group reaches) is covered by the chaos driver.
 # The links run at 50 Mbit/s, so that the 128 steps take seconds and the cut lands mid-training (unshaped,
 # the job could finish before the cut took effect). Needs root (network namespaces); skipped (exit 77) where
 # the bed cannot be built.
@@ -40,10 +44,10 @@ if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/n
 fi
 
 case $scenario in
-  link-down) hosts=4; cut=(cut 3); extra=(); lost=1; promoted=0 ;;
-  partition) hosts=4; cut=(partition 3 4); extra=(); lost=2; promoted=0 ;;
-  rank0-cut) hosts=4; cut=(cut 1); extra=(); lost=1; promoted=0 ;;
-  spare) hosts=5; cut=(cut 2); extra=(--spares 1); lost=1; promoted=1 ;;
+  link-down) hosts=4; cut=(cut 3); extra=(--grow false); lost=1; promoted=0; final=3 ;;
+  partition) hosts=4; cut=(partition 3 4); extra=(--grow false); lost=2; promoted=0; final=2 ;;
+  rank0-cut) hosts=4; cut=(cut 1); extra=(--grow false); lost=1; promoted=0; final=3 ;;
+  spare) hosts=5; cut=(cut 2); extra=(--spares 1); lost=1; promoted=1; final=4 ;;
   *) echo "unknown scenario '$scenario'" >&2; exit 2 ;;
 esac
 
@@ -96,7 +100,7 @@ ok=1
 [ -f "$d/cut_time" ] || { echo "FAIL $scenario: training never reached step 20, so nothing was cut"; ok=0; }
 if [ $ok -eq 1 ]; then
   python3 "$here/check_run.py" "$d/metrics.jsonl" --reference "$reference" \
-    --tolerance $tolerance --final-world-size 4 || ok=0
+    --tolerance $tolerance --final-world-size $final || ok=0
   python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size $limit --epochs $epochs || ok=0
   # Exclusion: from the cut to the survivors' detection of the failure; the fenced processes (their own
   # log line) wrote nothing after it; the job ended soon after its `done` line.
