@@ -265,7 +265,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
   // The detector over the current view runs on through the spawn (rebuilt over the grown view at the
   // end, with the new members: they call watch() after attach()).
   std::vector<std::string> reach;
-  if (live_) reach = live_->reachable_hosts();
+  if (live_) reach = live_->hosts();
   note_silent();
   for (const std::string& h : silent_hosts_) std::erase(reach, h);
   auto call = std::make_shared<SpawnCall>();

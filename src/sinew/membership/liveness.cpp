@@ -229,36 +229,33 @@ void Liveness::loop() {
 void Liveness::judge(std::vector<bool>& reported, std::vector<bool>& suspected) {
   const auto now = Clock::now();
   const Identity& me = peers_[static_cast<std::size_t>(rank_)].id;
+  // Whether peer r has been silent for `limit`. Never this process, nor one without a socket (port 0: not
+  // watched), nor one that said bye: it was reachable when it did (it leaves this view for the next one),
+  // or the bye of a survivor that began its recovery would tip a survivor's count.
+  auto silent = [&](std::size_t r, std::chrono::milliseconds limit) {
+    const Peer& p = peers_[r];
+    return static_cast<int>(r) != rank_ && p.id.port != 0 && !p.bye && now - p.heard > limit;
+  };
   // Suspects first, at half the timeout: a host whose process has been silent that long gets no new
   // process (Group::grow), even if the process is excluded before this one's own timeout expires.
   for (std::size_t r = 0; r < peers_.size(); ++r) {
-    const Peer& p = peers_[r];
-    if (p.bye || suspected[r] || static_cast<int>(r) == rank_ || now - p.heard <= timeout_ / 2) continue;
+    if (suspected[r] || !silent(r, timeout_ / 2)) continue;
     suspected[r] = true;
-    if (can_signal(p.id, me)) continue;  // on this node: fenced below if it stays silent
+    if (can_signal(peers_[r].id, me)) continue;  // on this node: fenced below if it stays silent
     std::lock_guard lock(mu_);
-    silent_.emplace_back(p.id.host.data());
+    silent_.emplace_back(peers_[r].id.host.data());
   }
-  int watched = 0, heard = 0, lowest = -1, lowest_heard = -1;
-  bool any_silent = false;
+  int watched = 0, heard = 0;
+  bool lowest_heard = false;  // the lowest-ranked watched process is heard
   for (std::size_t r = 0; r < peers_.size(); ++r) {
-    const Peer& p = peers_[r];
-    if (p.id.port == 0) continue;  // not watched
-    // A process that said bye was reachable when it did (it leaves this view for the next one): it counts
-    // as heard, or the bye of a survivor that began its recovery would tip a survivor's count.
-    const bool alive = static_cast<int>(r) == rank_ || p.bye || now - p.heard <= timeout_;
-    ++watched;
-    if (lowest < 0) lowest = static_cast<int>(r);
-    if (alive) {
-      ++heard;
-      if (lowest_heard < 0) lowest_heard = static_cast<int>(r);
-    } else {
-      any_silent = true;
-    }
+    if (peers_[r].id.port == 0) continue;  // not watched
+    const bool alive = !silent(r, timeout_);
+    if (watched++ == 0) lowest_heard = alive;
+    heard += alive ? 1 : 0;
   }
-  if (!any_silent) return;
+  if (heard == watched) return;
   const bool recovering = recovering_.load();
-  if (recovering ? heard == 1 && watched > 1 : !has_quorum(heard, watched, lowest_heard == lowest)) {
+  if (recovering ? heard == 1 && watched > 1 : !has_quorum(heard, watched, lowest_heard)) {
     // Cut off: the others (a quorum, if there is one) go on without this process, which must not write
     // anything more. SIGKILL, as for kill -9: the launcher's daemon on this node reports it failed.
     spdlog::error(
@@ -272,7 +269,7 @@ void Liveness::judge(std::vector<bool>& reported, std::vector<bool>& suspected) 
   }
   for (std::size_t r = 0; r < peers_.size(); ++r) {
     const Peer& p = peers_[r];
-    if (p.bye || reported[r] || static_cast<int>(r) == rank_ || now - p.heard <= timeout_) continue;
+    if (reported[r] || !silent(r, timeout_)) continue;
     reported[r] = true;
     const Identity& who = p.id;
     const double ms = std::chrono::duration<double, std::milli>(now - p.heard).count();
@@ -294,13 +291,11 @@ std::vector<std::string> Liveness::silent_hosts() const {
   return silent_;
 }
 
-std::vector<std::string> Liveness::reachable_hosts() const {
-  const std::vector<std::string> silent = silent_hosts();
+std::vector<std::string> Liveness::hosts() const {
   std::vector<std::string> out;
   for (const Peer& p : peers_) {
     const std::string h = p.id.host.data();
-    if (h.empty() || std::find(silent.begin(), silent.end(), h) != silent.end()) continue;
-    if (std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
+    if (!h.empty() && std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   }
   return out;
 }

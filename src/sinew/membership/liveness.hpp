@@ -72,8 +72,8 @@ class Liveness {
   /// a quorum cannot tell, so from now on a process fences itself only when it hears nobody at all (cut off
   /// while the others wait for it in the recovery), and fences silent peers on its own node as before.
   void recovering() noexcept { recovering_.store(true); }
-  /// The host names of the watched processes other than those of silent_hosts(), each once, in rank order.
-  [[nodiscard]] std::vector<std::string> reachable_hosts() const;
+  /// The host names of the view's processes, each once, in rank order.
+  [[nodiscard]] std::vector<std::string> hosts() const;
 
  private:
   void loop();
