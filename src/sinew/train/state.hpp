@@ -100,7 +100,8 @@ class TrainState {
   /// they hold the same bytes (InternalError otherwise). Returns milliseconds. A member that has no state
   /// yet (a spawned replacement, a promoted spare) calls it with step -1. `rewind`: every member first
   /// goes back to its mark_agreed() state (after a failure, for the algorithms whose ranks step on their
-  /// own, algo::Algorithm::lockstep()).
+  /// own, algo::Algorithm::lockstep()), and the tensors are then the average over the rewound members
+  /// instead of one member's.
   double synchronise(comm::Backend& backend, const comm::Options& op, bool rewind = false);
 
   /// For the algorithms whose ranks complete steps on their own: remembers this member's state as of a
