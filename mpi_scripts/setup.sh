@@ -57,6 +57,8 @@ packages=(
   python3 python3-numpy python3-matplotlib
   clang libclang-rt-14-dev
   iproute2  # ip and tc: the shaped test bed (hpc/net/) of the benchmarks and the net.* tests
+  slurm-wlm munge  # the local Slurm cluster (hpc/slurm/local-slurm.sh) of the slurm.* tests
+  lmod  # `module load sinew` (the installed modulefile), tested by the install test
 )
 if [ "${SINEW_WITH_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch libopenblas0)
