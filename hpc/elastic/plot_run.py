@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Plots an elastic sinew-train run from its metrics (JSON Lines): world size, throughput and training
-loss over time, with the membership events marked (failure, shrink, grow).
+loss over time, with the membership events marked (failure, shrink, grow), and resumes from a checkpoint
+(a relaunch: a requeued Slurm job, sinew-supervise).
 
 usage: plot_run.py METRICS.jsonl OUT.png [--title TEXT]
 """
@@ -12,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"failure": "tab:red", "shrink": "tab:orange", "grow": "tab:green"}
+COLORS = {"failure": "tab:red", "shrink": "tab:orange", "grow": "tab:green", "resume": "tab:cyan"}
 
 
 def main():
@@ -48,8 +49,12 @@ def main():
         seen.add(ev)
         for ax in axes:
             ax.axvline(x, color=COLORS[ev], ls="--", lw=1, label=label if ax is axes[0] else None)
-        to = r["from_world_size"] - r["lost"] if ev == "failure" else r.get("world_size", "?")
-        axes[0].annotate(f"{ev}\n{r.get('from_world_size', '?')}→{to}", (x, 0.3 + 1.1 * level),
+        if ev == "resume":  # a relaunch (a requeued Slurm job, sinew-supervise) from a checkpoint
+            text = f"resume\nstep {r.get('step', '?')}"
+        else:
+            to = r["from_world_size"] - r["lost"] if ev == "failure" else r.get("world_size", "?")
+            text = f"{ev}\n{r.get('from_world_size', '?')}→{to}"
+        axes[0].annotate(text, (x, 0.3 + 1.1 * level),
                          fontsize=7, color=COLORS[ev], xytext=(2, 0), textcoords="offset points")
     axes[0].legend(loc="upper right", fontsize=8)
     for ax in axes:
