@@ -236,7 +236,11 @@ get_property(_sinew_pc_libs_private GLOBAL PROPERTY _SINEW_PC_LIBS_PRIVATE)
 get_property(_sinew_pc_requires GLOBAL PROPERTY _SINEW_PC_REQUIRES_PUBLIC)
 get_property(_sinew_pc_requires_private GLOBAL PROPERTY _SINEW_PC_REQUIRES_PRIVATE)
 get_target_property(_sinew_type sinew TYPE)
-if(_sinew_type STREQUAL "STATIC_LIBRARY")
+set(SINEW_PC_SELF_RPATH "")
+if(_sinew_type STREQUAL "SHARED_LIBRARY")
+  # Like the dependencies outside the system's folders: programs find libsinew.so without LD_LIBRARY_PATH.
+  set(SINEW_PC_SELF_RPATH " -Wl,-rpath,\${libdir}")
+elseif(_sinew_type STREQUAL "STATIC_LIBRARY")
   # Only libsinew.a is installed, so every link needs its private dependencies as well, not only
   # `pkg-config --static` ones.
   list(APPEND _sinew_pc_libs ${_sinew_pc_libs_private})
