@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 
 #include <mpi.h>
@@ -12,23 +11,11 @@
 #include <thread>
 
 #include "sinew/core/error.hpp"
+#include "sinew/core/launch.hpp"
 
 namespace sinew::apps {
 
-namespace {
-const char* launcher_rank_env() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    // Called before any thread starts, so getenv's lack of thread safety does not matter.
-    if (const char* v = std::getenv(var)) return v;  // NOLINT(concurrency-mt-unsafe)
-  }
-  return nullptr;
-}
-}  // namespace
-
-int launcher_rank() {
-  const char* v = launcher_rank_env();
-  return v != nullptr ? std::atoi(v) : 0;
-}
+int launcher_rank() { return launch::current().rank_or_zero(); }
 
 namespace {
 /// After an error with MPI running: wait (boundedly) for the other ranks to reach the same point. If all
@@ -43,7 +30,7 @@ void settle_before_exit(ExitCode code) {
   if (finalized) return;
   if (!initialized) {
     // An error before MPI started (a bad option) under a launcher: start MPI only to meet the others.
-    if (launcher_rank_env() == nullptr || MPI_Init(nullptr, nullptr) != MPI_SUCCESS) return;
+    if (!launch::current().launched() || MPI_Init(nullptr, nullptr) != MPI_SUCCESS) return;
   }
   MPI_Request req = MPI_REQUEST_NULL;
   int done = 0;

@@ -5,8 +5,8 @@
 
 namespace sinew::apps {
 
-/// The rank the launcher gave this process (Open MPI, PMIx, Slurm, MPICH variables), 0 when alone.
-/// Used before MPI_Init so that only one process prints a usage error.
+/// The rank the launcher gave this process (launch::current(): Open MPI, Slurm, PMIx, MPICH variables), 0
+/// when alone. Used before MPI_Init so that only one process prints a usage error.
 int launcher_rank();
 
 /// Runs `body`, turns Sinew errors into a one-line message on stderr and the documented exit code.

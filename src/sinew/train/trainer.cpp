@@ -11,6 +11,7 @@
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/fault.hpp"
+#include "sinew/core/launch.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/dataset.hpp"
 #include "sinew/data/sampler.hpp"
@@ -64,13 +65,6 @@ optim::OptimizerOptions optimizer_options(const Config& c) {
 
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
 
-/// Restart generation (set by mpi_scripts/sinew-supervise for each relaunch): orders the audit records
-/// of successive launches, makes a relaunch append to the metrics and disables fault injection.
-int restart_generation() {
-  const char* v = std::getenv("SINEW_RESTART_GENERATION");  // NOLINT(concurrency-mt-unsafe): at start-up
-  return v != nullptr ? std::atoi(v) : 0;
-}
-
 /// Running sums of the steps since the last metrics line (the window) and since the start (totals).
 struct StepStats {
   double loss = 0, step_ms = 0, comm_ms = 0;
@@ -94,7 +88,10 @@ enum class After : std::uint8_t { kContinue, kStop, kLeft };
 
 struct Trainer::Impl {
   Config cfg;
-  int generation = restart_generation();
+  /// Restart generation (core/launch.hpp: Slurm's requeues and sinew-supervise's relaunches combined):
+  /// orders the audit records of successive launches, makes a relaunch append to the metrics and disables
+  /// fault injection.
+  int generation = launch::current().restart_generation();
   membership::Group group;
   fault::Plan faults;
   data::DataSplit data;
@@ -132,7 +129,8 @@ struct Trainer::Impl {
         optimizer(optim::make_optimizer(optimizer_options(cfg), net.num_params())),
         sampler(data.train.size(), cfg.seed, /*shuffle=*/true),
         state(net, *optimizer, sampler, cfg.seed),
-        // A relaunch by the supervisor (restart mode) appends to the first launch's metrics.
+        // A relaunch (sinew-supervise's restart mode, a requeued Slurm job) appends to the first launch's
+        // metrics.
         events(cfg.metrics, group.rank() == 0 && group.role() != membership::Role::kRecovered,
                generation > 0),
         audit(cfg.audit_dir.empty() ? AuditLog() : AuditLog(cfg.audit_dir)),
