@@ -1,13 +1,16 @@
 // The elasticity options: fault specs and job-server schedules parse exactly, and bad ones are refused
-// with a message naming the option (bad_input.sh checks the exit code of sinew-train).
+// with a message naming the option (bad_input.sh checks the exit code of sinew-train). The path options
+// expand %j and %r from a given launch environment (test_launch.cpp: the expansion itself).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/fault.hpp"
+#include "sinew/core/launch.hpp"
 #include "sinew/train/config.hpp"
 
 namespace sinew::train {
@@ -123,6 +126,61 @@ TEST(Options, DeviceCudaRefusesCpuOnlyChoices) {
       EXPECT_NE(refused.find(c.needle), std::string::npos) << "for " << c.needle << ": " << refused;
     }
   }
+}
+
+/// A launch environment from the given variables (launch::parse), never this process's.
+launch::Launch launch_with(const std::map<std::string, std::string>& vars) {
+  return launch::parse([&vars](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+/// The message of the InvalidArgument that parse_command_line throws for argv ("" if none).
+std::string refusal(std::vector<const char*> argv, const launch::Launch& env) {
+  argv.insert(argv.begin(), "sinew-train");
+  try {
+    (void)parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(Options, PathOptionsExpandTheLaunchPatterns) {
+  const auto slurm = launch_with({{"SLURM_JOB_ID", "31"}, {"SLURM_RESTART_COUNT", "1"}});
+  const char* argv[] = {"sinew-train", "--checkpoint-dir", "/scratch/%j/ckpt",
+                        "--metrics",   "m-%j-%r.jsonl",    "--audit-dir",
+                        "audit-%j",    "--resume",         "/old/%j/ckpt-0000000010"};
+  const auto r = parse_command_line(9, argv, slurm);
+  ASSERT_TRUE(r.config);
+  EXPECT_EQ(r.config->checkpoint_dir, "/scratch/31/ckpt");
+  EXPECT_EQ(r.config->metrics, "m-31-1.jsonl");
+  EXPECT_EQ(r.config->audit_dir, "audit-31");
+  EXPECT_EQ(r.config->resume, "/old/31/ckpt-0000000010");
+  // Defaults and paths without patterns are left alone, outside Slurm too.
+  const char* plain[] = {"sinew-train", "--metrics", "run.jsonl", "--checkpoint-dir", "100%%"};
+  const auto p = parse_command_line(5, plain, launch_with({}));
+  ASSERT_TRUE(p.config);
+  EXPECT_EQ(p.config->metrics, "run.jsonl");
+  EXPECT_EQ(p.config->checkpoint_dir, "100%");
+  EXPECT_EQ(p.config->resume, "auto");
+  EXPECT_EQ(p.config->audit_dir, "");
+  // Refused with the option named: %j outside a Slurm job, unknown patterns.
+  const std::string j = refusal({"--metrics", "run-%j.jsonl"}, launch_with({}));
+  EXPECT_NE(j.find("--metrics 'run-%j.jsonl': %j is the Slurm job id, but SLURM_JOB_ID is not set"),
+            std::string::npos)
+      << j;
+  const std::string q = refusal({"--checkpoint-dir", "c-%q"}, slurm);
+  EXPECT_NE(q.find("--checkpoint-dir 'c-%q': unknown pattern '%q'"), std::string::npos) << q;
+  EXPECT_NE(refusal({"--audit-dir", "a-%"}, slurm).find("--audit-dir 'a-%': ends in a lone '%'"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--resume", "x/%J"}, slurm).find("--resume 'x/%J'"), std::string::npos);
+  // --help needs no Slurm job, and documents the patterns.
+  const char* help[] = {"sinew-train", "--help"};
+  const auto h = parse_command_line(2, help, launch_with({}));
+  EXPECT_FALSE(h.config);
+  EXPECT_NE(h.text.find("%j: Slurm job id"), std::string::npos);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "sinew/algo/algorithm.hpp"
 #include "sinew/core/fault.hpp"
+#include "sinew/core/launch.hpp"
 #include "sinew/core/names.hpp"
 
 namespace sinew::train {
@@ -66,7 +67,7 @@ struct Config {
   int spawn_timeout_ms = 30000;  ///< deadline of a spawn (growth); past it the group goes on at its size
   int stall_timeout_ms = 10000;  ///< a process silent this long (SIGSTOP, hung) is fenced; 0: off
   // checkpoints
-  std::string checkpoint_dir;
+  std::string checkpoint_dir;  ///< empty: none; path options have %j, %r expanded (expand_path_patterns)
   std::int64_t checkpoint_every = 0;
   int checkpoint_keep = 3;
   bool checkpoint_async = false;  ///< write periodic checkpoints on a background thread
@@ -103,9 +104,16 @@ struct ParseResult {
   std::string text;              ///< what to print (help, version)
 };
 
-/// Parses argv (and --config FILE). Throws InvalidArgument with a one-line message naming the option for
-/// unknown or malformed options and bad values (exit code 2).
+/// Parses argv (and --config FILE), expands the path patterns (expand_path_patterns) with `env` and
+/// validates. Throws InvalidArgument with a one-line message naming the option for unknown or malformed
+/// options and bad values (exit code 2).
+ParseResult parse_command_line(int argc, const char* const* argv, const launch::Launch& env);
+/// The same with this process's launch environment (launch::current()).
 ParseResult parse_command_line(int argc, const char* const* argv);
+
+/// Expands %j (Slurm job id), %r (Slurm restart count) and %% in the path options --checkpoint-dir,
+/// --metrics, --audit-dir and --resume (launch::expand_path; InvalidArgument naming the option).
+void expand_path_patterns(Config& c, const launch::Launch& env);
 
 /// The configuration as JSON (stored in checkpoints; the keys are the long options with '_').
 nlohmann::json to_json(const Config& c);

@@ -6,6 +6,7 @@
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/core/launch.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/train/config.hpp"
 
@@ -53,7 +54,8 @@ po::options_description describe(Config& c, std::string& config_file) {
                                          "seed of initialisation and data order")(
       "device", po::value(&c.device)->default_value(c.device),
       "cpu | cuda (a GPU per rank, gradients reduced by NCCL; docs/gpu.md)")(
-      "metrics", po::value(&c.metrics)->value_name("FILE"), "write metrics as JSON Lines to FILE (rank 0)")(
+      "metrics", po::value(&c.metrics)->value_name("FILE"),
+      "write metrics as JSON Lines to FILE (rank 0); %j: Slurm job id, %r: Slurm restart count, %%: %")(
       "log-every", po::value(&c.log_every)->default_value(c.log_every)->value_name("STEPS"),
       "steps between metrics lines")("progress",
                                      po::value(&c.progress)->default_value(c.progress)->value_name("BOOL"),
@@ -114,7 +116,8 @@ po::options_description describe(Config& c, std::string& config_file) {
       "kills it and the others recover without it (0: off)");
   po::options_description ck("Checkpoints");
   ck.add_options()("checkpoint-dir", po::value(&c.checkpoint_dir)->value_name("DIR"),
-                   "write HDF5 checkpoints here (docs/checkpoint-format.md)")(
+                   "write HDF5 checkpoints here (docs/checkpoint-format.md); %j: Slurm job id (the same "
+                   "after a requeue), %r: Slurm restart count, %%: %")(
       "checkpoint-every",
       po::value(&c.checkpoint_every)->default_value(c.checkpoint_every)->value_name("STEPS"),
       "checkpoint every N steps (0: only at the end and on SIGUSR1/SIGTERM)")(
@@ -124,7 +127,8 @@ po::options_description describe(Config& c, std::string& config_file) {
       po::value(&c.checkpoint_async)->default_value(c.checkpoint_async)->value_name("BOOL"),
       "write periodic checkpoints in the background (snapshot in memory; errors surface at the next step)")(
       "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
-      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory");
+      "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory (%j, %r as in "
+      "--checkpoint-dir)");
   po::options_description el("Elasticity (docs/fault-tolerance.md)");
   el.add_options()("elastic",
                    po::value(&c.elastic)
@@ -154,7 +158,8 @@ po::options_description describe(Config& c, std::string& config_file) {
       "job server: change the group's size at these steps (ranks leave to shrink, spawn to grow)")(
       "inject-fault", po::value(&c.inject_fault)->composing()->value_name("RANK:POINT:STEP"),
       fault_help.c_str())("audit-dir", po::value(&c.audit_dir)->value_name("DIR"),
-                          "record the samples every rank trains on, for mpi_scripts/check-audit.py")(
+                          "record the samples every rank trains on, for mpi_scripts/check-audit.py (%j, %r "
+                          "as in --checkpoint-dir)")(
       "step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms),
       "testing: sleep this long after every step, so that a kill from outside lands mid-run");
   po::options_description all(
@@ -236,6 +241,13 @@ std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::strin
     out.emplace_back(step, size);
   }
   return out;
+}
+
+void expand_path_patterns(Config& c, const launch::Launch& env) {
+  c.checkpoint_dir = launch::expand_path(c.checkpoint_dir, "--checkpoint-dir", env);
+  c.metrics = launch::expand_path(c.metrics, "--metrics", env);
+  c.audit_dir = launch::expand_path(c.audit_dir, "--audit-dir", env);
+  c.resume = launch::expand_path(c.resume, "--resume", env);
 }
 
 void validate(const Config& c) {
@@ -361,6 +373,10 @@ nlohmann::json to_json(const Config& c) {
 }
 
 ParseResult parse_command_line(int argc, const char* const* argv) {
+  return parse_command_line(argc, argv, launch::current());
+}
+
+ParseResult parse_command_line(int argc, const char* const* argv, const launch::Launch& env) {
   Config c;
   std::string config_file;
   auto desc = describe(c, config_file);
@@ -392,6 +408,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   } catch (const po::error& e) {
     rethrow_po(e);
   }
+  // Here, before MPI starts, from the environment every rank shares: every rank gets the same paths.
+  expand_path_patterns(c, env);
   validate(c);
   return {c, {}};
 }
