@@ -7,9 +7,11 @@
 
 #include "common.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/core/launch.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
+#include "sinew/train/control.hpp"
 #include "sinew/train/trainer.hpp"
 
 namespace {
@@ -19,14 +21,22 @@ constexpr std::chrono::milliseconds kFinalizeBound{5000};
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: a stop or leave signal from now on is recorded, not the end of the process. Slurm's
+  // --signal=B:USR1@T, forwarded by the batch script, or a preemption's SIGTERM can come while MPI starts
+  // or the data loads; the trainer acts on it at its first agreement (checkpoint, exit code 75).
+  sinew::train::Signals::catch_early();
   return sinew::apps::guarded_main([&] {
+    // The launch environment, read once before MPI_Init (which changes the environment) and any thread.
+    const auto& launch = sinew::launch::current();
     // Options are checked before MPI starts, so that --help and usage errors need no launcher.
-    auto parsed = sinew::train::parse_command_line(argc, argv);
+    auto parsed = sinew::train::parse_command_line(argc, argv, launch);
     if (!parsed.config) {
       if (sinew::apps::launcher_rank() == 0) std::fputs(parsed.text.c_str(), stdout);
       return 0;
     }
     const auto& cfg = *parsed.config;
+    // So is the restart generation (a malformed SINEW_RESTART_GENERATION or SLURM_RESTART_COUNT).
+    (void)launch.restart_generation();
     // A member that dies leaves sockets behind whose next write raises SIGPIPE. The MPI library turns the
     // write's EPIPE into a process failure that ULFM reports; the signal's default action would instead
     // kill this process too (measured in the chaos run: a spawned replacement, which talks to the others
@@ -64,10 +74,10 @@ int main(int argc, char** argv) {
     group.watch(std::chrono::milliseconds(cfg.stall_timeout_ms));
     sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
-      spdlog::info("{} ({} ranks{}; ULFM {}; --elastic {})", sinew::mpi::library_version(), group.size(),
-                   group.spares() > 0 ? fmt::format(" + {} hot spares", group.spares()) : "",
+      spdlog::info("{} ({} ranks{}; ULFM {}; --elastic {}; launch: {})", sinew::mpi::library_version(),
+                   group.size(), group.spares() > 0 ? fmt::format(" + {} hot spares", group.spares()) : "",
                    sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled",
-                   sinew::name_of(sinew::train::kElasticNames, cfg.elastic));
+                   sinew::name_of(sinew::train::kElasticNames, cfg.elastic), launch.describe());
     }
     if (group.role() == sinew::membership::Role::kRecovered) {
       spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());

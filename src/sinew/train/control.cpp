@@ -12,9 +12,42 @@ std::atomic<int> g_stop_signal{0};
 std::atomic<int> g_leave_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 extern "C" void on_leave_signal(int sig) { g_leave_signal.store(sig); }
+
+/// catch_early() ran and no Signals took its handlers over yet; the handlers it replaced.
+bool g_early = false;
+struct Handlers {
+  void (*usr1)(int) = nullptr;
+  void (*term)(int) = nullptr;
+  void (*usr2)(int) = nullptr;
+};
+Handlers g_before_early;
+bool g_ever_early = false;
 }  // namespace
 
+void Signals::catch_early() {
+  if (g_ever_early) return;
+  g_ever_early = true;
+  g_early = true;
+  g_stop_signal.store(0);
+  g_leave_signal.store(0);
+  g_before_early.usr1 = std::signal(SIGUSR1, on_stop_signal);
+  g_before_early.term = std::signal(SIGTERM, on_stop_signal);
+  g_before_early.usr2 = std::signal(SIGUSR2, on_leave_signal);
+}
+
 Signals::Signals() {
+  if (g_early) {
+    // The handlers have been ours since the start of main(), the flags hold what arrived since. They are
+    // installed once more in case a library (MPI_Init) replaced them meanwhile.
+    g_early = false;
+    old_usr1_ = g_before_early.usr1;
+    old_term_ = g_before_early.term;
+    old_usr2_ = g_before_early.usr2;
+    std::signal(SIGUSR1, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR2, on_leave_signal);
+    return;
+  }
   g_stop_signal.store(0);
   g_leave_signal.store(0);
   old_usr1_ = std::signal(SIGUSR1, on_stop_signal);

@@ -22,7 +22,8 @@ namespace sinew::train {
 inline constexpr std::int64_t kControlEvery = 10;
 
 /// Installs the stop (SIGUSR1, SIGTERM) and leave (SIGUSR2) handlers while alive; restores the previous
-/// ones after. One at a time per process (the handlers set process-wide flags).
+/// ones after. One at a time per process (the handlers set process-wide flags). A new Signals starts with
+/// no signal received, unless catch_early() ran before it: then it keeps what arrived since.
 class Signals {
  public:
   Signals();
@@ -31,6 +32,14 @@ class Signals {
   ~Signals();
   [[nodiscard]] static int stop() noexcept;    ///< the stop signal received, or 0
   [[nodiscard]] static bool leave() noexcept;  ///< SIGUSR2 received
+
+  /// Installs the same handlers now, for the start-up (call it first thing in main(), before MPI_Init):
+  /// a stop or leave signal that arrives while the options are read, MPI starts or the data loads (Slurm's
+  /// --signal=B:USR1@T forwarded early, a preemption's SIGTERM) is recorded instead of ending the process,
+  /// and the first Signals made afterwards (the trainer's) keeps it: the group acts on it at its first
+  /// agreement (checkpoint, exit code 75), as on a signal during training. That Signals restores, when it
+  /// ends, the handlers that were there before this call. Not thread-safe; a second call does nothing.
+  static void catch_early();
 
  private:
   void (*old_usr1_)(int) = nullptr;
