@@ -132,6 +132,13 @@ out=$(sinew-train --version) || fail "sinew-train --version failed: $out"
 echo "sinew-train --version: $out"
 grep -q -E "^sinew-train $VERSION( |$)" <<<"$out" || fail "sinew-train --version printed '$out'"
 [ "$SINEW_ROOT" = "$PREFIX" ] || fail "SINEW_ROOT is '$SINEW_ROOT'"
+# The scripts the batch templates call (hpc/slurm/): restart mode and the audit.
+[ "$(command -v sinew-supervise)" = "$PREFIX/bin/sinew-supervise" ] || fail "sinew-supervise is not on PATH"
+out=$(sinew-supervise --help) && grep -q -- '--launcher' <<<"$out" || fail "sinew-supervise --help failed: $out"
+rc=0 && sinew-supervise --launcher srun -n 2 >/dev/null 2>&1 || rc=$?
+[ $rc -eq 2 ] || fail "sinew-supervise without a program exited $rc, not 2"
+out=$(sinew-check-audit --help) && grep -q -- '--dataset-size' <<<"$out" || fail "sinew-check-audit --help failed: $out"
+echo "ok   sinew-supervise and sinew-check-audit on PATH"
 if [ -n "$MPI_PREFIX" ]; then
   [ "$(command -v mpirun)" = "$MPI_PREFIX/bin/mpirun" ] || fail "mpirun is '$(command -v mpirun)', not $MPI_PREFIX's"
   echo "ok   mpirun is $MPI_PREFIX/bin/mpirun"
