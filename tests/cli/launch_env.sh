@@ -65,8 +65,8 @@ has_handlers() { catches "$1" 10 && catches "$1" 12 && catches "$1" 15; }
 
 # poll CMD...: runs CMD every 10 ms until it succeeds (0) or 60 s have passed (1).
 poll() {
-  local i
-  for i in $(seq 6000); do
+  local _
+  for _ in $(seq 6000); do
     "$@" && return 0
     sleep 0.01
   done
@@ -217,7 +217,7 @@ case "$case_name" in
     job_id=4242
     d="$work/requeue"
     mkdir -p "$d"
-    opts=("${common[@]}" --limit-train $limit --epochs 2 --checkpoint-dir "$d/ckpt-%j" --metrics "$d/metrics-%j.jsonl"
+    opts=("${common[@]}" --limit-train "$limit" --epochs 2 --checkpoint-dir "$d/ckpt-%j" --metrics "$d/metrics-%j.jsonl"
           --audit-dir "$d/audit-%j" --inject-fault 1:forward:30)
     timeout -k 5 120 "${mpiexec[@]}" -x SLURM_JOB_ID=$job_id -n 2 "$train" "${opts[@]}" >"$d/out1.txt" 2>&1 &
     job=$!
