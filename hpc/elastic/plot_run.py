@@ -26,13 +26,34 @@ def main():
     t0 = min(r["unix_time"] for r in rows)
     steps = [r for r in rows if "loss" in r and "event" not in r]
     t = [r["unix_time"] - t0 for r in steps]
+    # A relaunch (resume event) leaves a gap with no training: the lines break there, and the gap is shaded.
+    resumes = [r["unix_time"] - t0 for r in rows if r.get("event") == "resume"]
+    gaps = []
+    for x in resumes:
+        before = [v for v in t if v < x]
+        if before:
+            gaps.append((max(before), x))
+
+    def broken(values):
+        xs, ys = [], []
+        for i, (x, y) in enumerate(zip(t, values)):
+            if i and any(t[i - 1] <= g0 and x >= g1 for g0, g1 in gaps):
+                xs.append(float("nan"))
+                ys.append(float("nan"))
+            xs.append(x)
+            ys.append(y)
+        return xs, ys
+
     fig, axes = plt.subplots(3, 1, figsize=(8, 6.5), sharex=True)
-    axes[0].step(t, [r["world_size"] for r in steps], where="post", color="black")
+    axes[0].step(*broken([r["world_size"] for r in steps]), where="post", color="black")
     axes[0].set_ylabel("ranks")
     axes[0].set_ylim(0, max(r["world_size"] for r in steps) + 1)
-    axes[1].plot(t, [r["samples_per_s"] for r in steps], color="tab:blue", lw=1)
+    axes[1].plot(*broken([r["samples_per_s"] for r in steps]), color="tab:blue", lw=1)
     axes[1].set_ylabel("samples/s")
-    axes[2].plot(t, [r["loss"] for r in steps], color="tab:purple", lw=1)
+    axes[2].plot(*broken([r["loss"] for r in steps]), color="tab:purple", lw=1)
+    for k, (g0, g1) in enumerate(gaps):
+        for ax in axes:
+            ax.axvspan(g0, g1, color="0.85", lw=0, label="stopped: relaunch" if k == 0 and ax is axes[0] else None)
     axes[2].set_ylabel("training loss")
     axes[2].set_xlabel("seconds since start")
     seen = set()
