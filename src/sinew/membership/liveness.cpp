@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "sinew/core/launch.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/mpi/check.hpp"
 
@@ -42,7 +43,7 @@ struct Message {
 /// Who a process is, for the runtime and for a local SIGKILL.
 struct Identity {
   std::array<char, 256> nspace{};  ///< PMIx namespace (PMIX_NAMESPACE), empty if unknown
-  std::int64_t pmix_rank = -1;     ///< PMIX_RANK
+  std::int64_t pmix_rank = -1;     ///< the launch rank (PMIX_RANK under Open MPI and srun)
   std::int64_t pid = 0;
   std::array<char, 64> host{};
   std::array<char, 40> boot_id{};  ///< the kernel's, /proc/sys/kernel/random/boot_id
@@ -97,11 +98,10 @@ std::uint64_t ns_inode(const char* path) {
 
 Identity whoami() {
   Identity id;
-  // The launcher's environment, set before the process started and never changed by Sinew.
-  if (const char* ns = std::getenv("PMIX_NAMESPACE"))  // NOLINT(concurrency-mt-unsafe)
-    std::strncpy(id.nspace.data(), ns, id.nspace.size() - 1);
-  if (const char* r = std::getenv("PMIX_RANK"))  // NOLINT(concurrency-mt-unsafe)
-    id.pmix_rank = std::strtoll(r, nullptr, 10);
+  // The launcher's names for this process (core/launch.hpp), read once at start-up.
+  const launch::Launch& l = launch::current();
+  std::strncpy(id.nspace.data(), l.pmix_namespace.c_str(), id.nspace.size() - 1);
+  id.pmix_rank = l.rank;
   id.pid = ::getpid();
   ::gethostname(id.host.data(), id.host.size() - 1);
   if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
