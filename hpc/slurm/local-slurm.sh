@@ -17,8 +17,8 @@
 #        local-slurm.sh status          daemons, nodes (sinfo), jobs (squeue); exit 1 if not up
 #        local-slurm.sh env             the client environment, for eval: SLURM_CONF, and the MCA settings
 #                                       that pin Open MPI to the bed's networks inside jobs
-# Needs root (namespaces, daemons as root). Settings that mattered are in shared/FACTS.md and next to
-# them below.
+# Needs root (namespaces, daemons as root). The settings that mattered are explained next to them below
+# and in docs/hpc.md.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 testbed=$here/../net/testbed.sh
@@ -29,7 +29,7 @@ ctl_if=sinew-slurm0  # its veth (the peer, sc0, is a port of the bed's managemen
 ctl_port=${SINEW_SLURM_PORT:-6917}
 slurmd_port=$((ctl_port + 1))
 
-usage() { sed -n '12,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '12,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 say() { echo "local-slurm: $*" >&2; }
 die() { echo "local-slurm: error: $*" >&2; exit 1; }
 

@@ -53,7 +53,7 @@ eval "$("$slurm/local-slurm.sh" env)"
 . "$root/mpi_scripts/env.sh"
 export SINEW_MPIRUN SINEW_TRAIN=$train SINEW_SUPERVISE=$root/mpi_scripts/sinew-supervise
 export SINEW_CHECKPOINT_DIR=$d/ckpt-%j SINEW_METRICS=$d/metrics-%j.jsonl
-common=(--dataset fashion-mnist --limit-train $limit --limit-test 2000 --epochs $epochs --model mlp:64
+common=(--dataset fashion-mnist --limit-train "$limit" --limit-test 2000 --epochs "$epochs" --model mlp:64
   --batch-size 64 --lr 0.05 --progress false --audit-dir "$d/audit")
 
 rc=0
