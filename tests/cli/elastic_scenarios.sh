@@ -21,11 +21,8 @@ epochs=2
 
 # Every scenario trains on Fashion-MNIST: without it the scenario is skipped (exit 77, SKIP_RETURN_CODE in
 # tests/cli/CMakeLists.txt), not passed.
-fm=/usr/share/datasets/fashion-mnist
-if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
-  echo "SKIP $scenario: $fm is not installed (dataset-fashion-mnist; mpi_scripts/setup.sh installs it)"
-  exit 77
-fi
+. "$here/lib.sh"
+need_fashion_mnist "$scenario"
 
 mkdir -p "$workdir"
 d=$(mktemp -d -p "$workdir")  # one fresh directory per run of the scenario

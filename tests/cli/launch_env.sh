@@ -37,11 +37,7 @@ bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/    
 unset SLURM_JOB_ID SLURM_JOBID SLURM_RESTART_COUNT SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID SINEW_RESTART_GENERATION
 
 # Fashion-MNIST, all 70000 samples: loading it takes seconds, the window in which the signals land.
-fm=/usr/share/datasets/fashion-mnist
-if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
-  echo "SKIP $case_name: $fm is not installed (dataset-fashion-mnist; mpi_scripts/setup.sh installs it)"
-  exit 77
-fi
+need_fashion_mnist "$case_name"
 common=(--dataset fashion-mnist --model mlp:32 --batch-size 32 --progress false --log-every 5 --timeout-ms 30000)
 
 # The pids of the ranks of the job whose command line holds MARK (its --metrics path).

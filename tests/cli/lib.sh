@@ -1,4 +1,4 @@
-# Shared by the command-line test scripts: counters, expect(), skip() and finish. Source it; end with
+# Shared by the command-line test scripts: counters, expect(), skip(), need_fashion_mnist and finish. Source it; end with
 # `finish`, which prints the summary and gives the script's exit code: 1 if any case failed, else 77 if any
 # case was skipped (ctest shows the test as skipped: SKIP_RETURN_CODE 77 in tests/cli/CMakeLists.txt,
 # never as passed when part of it did not run), else 0.
@@ -33,5 +33,14 @@ expect() {
     failed=$((failed + 1))
     echo "FAIL $name: expected exit $code and /$pattern/, got exit $rc:"
     sed 's/^/     | /' <<<"$out" | head -n 30
+  fi
+}
+
+# need_fashion_mnist NAME: exits 77 (skipped) unless Fashion-MNIST is installed; sets fm to its folder.
+need_fashion_mnist() {
+  fm=/usr/share/datasets/fashion-mnist
+  if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
+    echo "SKIP $1: $fm is not installed (dataset-fashion-mnist; mpi_scripts/setup.sh installs it)"
+    exit 77
   fi
 }

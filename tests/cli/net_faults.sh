@@ -33,11 +33,8 @@ epochs=2
 stall_ms=10000
 deadline_s=$((stall_ms / 1000 + 5))  # the stated exclusion deadline: the stall timeout, plus 5 s
 
-fm=/usr/share/datasets/fashion-mnist
-if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
-  echo "SKIP $scenario: $fm is not installed (dataset-fashion-mnist; mpi_scripts/setup.sh installs it)"
-  exit 77
-fi
+. "$here/lib.sh"
+need_fashion_mnist "$scenario"
 if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
   echo "SKIP $scenario: the test bed needs root, ip and tc (network namespaces)"
   exit 77

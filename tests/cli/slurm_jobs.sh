@@ -23,11 +23,8 @@ limit=8192
 epochs=3
 job_deadline_s=150
 
-fm=/usr/share/datasets/fashion-mnist
-if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
-  echo "SKIP $scenario: $fm is not installed (dataset-fashion-mnist; mpi_scripts/setup.sh installs it)"
-  exit 77
-fi
+. "$here/lib.sh"
+need_fashion_mnist "$scenario"
 for p in ip slurmctld slurmd munged sbatch sacct; do
   command -v "$p" >/dev/null || { echo "SKIP $scenario: '$p' not found (slurm-wlm, munge, iproute2)"; exit 77; }
 done

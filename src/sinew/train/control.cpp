@@ -13,13 +13,20 @@ std::atomic<int> g_leave_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 extern "C" void on_leave_signal(int sig) { g_leave_signal.store(sig); }
 
-/// catch_early() ran and no Signals took its handlers over yet; the handlers it replaced.
-bool g_early = false;
 struct Handlers {
   void (*usr1)(int) = nullptr;
   void (*term)(int) = nullptr;
   void (*usr2)(int) = nullptr;
 };
+
+/// Installs `h`; returns the handlers it replaced.
+Handlers install(const Handlers& h) {
+  return {std::signal(SIGUSR1, h.usr1), std::signal(SIGTERM, h.term), std::signal(SIGUSR2, h.usr2)};
+}
+const Handlers kOurs{on_stop_signal, on_stop_signal, on_leave_signal};
+
+/// catch_early() ran and no Signals took its handlers over yet; the handlers it replaced.
+bool g_early = false;
 Handlers g_before_early;
 bool g_ever_early = false;
 }  // namespace
@@ -30,36 +37,25 @@ void Signals::catch_early() {
   g_early = true;
   g_stop_signal.store(0);
   g_leave_signal.store(0);
-  g_before_early.usr1 = std::signal(SIGUSR1, on_stop_signal);
-  g_before_early.term = std::signal(SIGTERM, on_stop_signal);
-  g_before_early.usr2 = std::signal(SIGUSR2, on_leave_signal);
+  g_before_early = install(kOurs);
 }
 
 Signals::Signals() {
-  if (g_early) {
-    // The handlers have been ours since the start of main(), the flags hold what arrived since. They are
-    // installed once more in case a library (MPI_Init) replaced them meanwhile.
-    g_early = false;
-    old_usr1_ = g_before_early.usr1;
-    old_term_ = g_before_early.term;
-    old_usr2_ = g_before_early.usr2;
-    std::signal(SIGUSR1, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGUSR2, on_leave_signal);
-    return;
+  // After catch_early() the handlers have been ours since the start of main() and the flags hold what
+  // arrived since; they are installed once more in case a library (MPI_Init) replaced them meanwhile.
+  if (!g_early) {
+    g_stop_signal.store(0);
+    g_leave_signal.store(0);
   }
-  g_stop_signal.store(0);
-  g_leave_signal.store(0);
-  old_usr1_ = std::signal(SIGUSR1, on_stop_signal);
-  old_term_ = std::signal(SIGTERM, on_stop_signal);
-  old_usr2_ = std::signal(SIGUSR2, on_leave_signal);
+  const Handlers replaced = install(kOurs);
+  const Handlers& old = g_early ? g_before_early : replaced;
+  old_usr1_ = old.usr1;
+  old_term_ = old.term;
+  old_usr2_ = old.usr2;
+  g_early = false;
 }
 
-Signals::~Signals() {
-  std::signal(SIGUSR1, old_usr1_);
-  std::signal(SIGTERM, old_term_);
-  std::signal(SIGUSR2, old_usr2_);
-}
+Signals::~Signals() { install({old_usr1_, old_term_, old_usr2_}); }
 
 int Signals::stop() noexcept { return g_stop_signal.load(); }
 bool Signals::leave() noexcept { return g_leave_signal.load() != 0; }
