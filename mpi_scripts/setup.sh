@@ -48,6 +48,7 @@ fi
 packages=(
   build-essential cmake pkg-config git ca-certificates dpkg-dev
   libhdf5-dev hdf5-tools zlib1g-dev
+  libisal-dev  # ISA-L: the hardware (PCLMUL) CRC32 of checkpoint files, zlib-compatible
   libboost-program-options-dev libeigen3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev
@@ -55,10 +56,12 @@ packages=(
   openmpi-bin libopenmpi-dev
   libhwloc-dev libevent-dev flex perl
   python3 python3-numpy python3-matplotlib
+  python3-h5py  # the test that reads a checkpoint with h5py and numpy alone
   clang libclang-rt-14-dev
   iproute2  # ip and tc: the shaped test bed (hpc/net/) of the benchmarks and the net.* tests
   slurm-wlm munge  # the local Slurm cluster (hpc/slurm/local-slurm.sh) of the slurm.* tests
   lmod  # `module load sinew` (the installed modulefile), tested by the install test
+  glusterfs-server glusterfs-client  # the GlusterFS volume (hpc/pfs/glusterfs.sh) of the pfs.* tests
 )
 if [ "${SINEW_WITH_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch libopenblas0)

@@ -12,6 +12,16 @@ namespace sinew::checkpoint {
 /// Schema version written into every manifest; readers refuse versions they do not know.
 inline constexpr int kSchemaVersion = 1;
 
+/// A named, shaped view of a slice of one flat tensor, so that readers of the file can rebuild the model
+/// without Sinew ("model/fc1/weight" over part of "params"). Written into the manifest (views.hpp).
+struct TensorView {
+  std::string name;                  ///< "fc1/weight": the view is "model/fc1/weight" in the manifest
+  std::string tensor;                ///< the flat tensor it lies in: "params"
+  std::uint64_t offset = 0;          ///< its first element within that tensor
+  std::vector<std::uint64_t> shape;  ///< its shape, row-major (C order) as the elements are stored
+  std::string layout;                ///< how to use it, e.g. "y = x @ weight + bias"
+};
+
 struct TrainingState {
   /// Flat float tensors by name, each the full (unsharded) tensor: "params", optimiser state such as
   /// "optim/momentum", "optim/adam_m", "optim/adam_v", and algorithm state such as "algo/residual".
@@ -24,6 +34,7 @@ struct TrainingState {
   std::int64_t optimizer_steps = 0;  ///< the optimiser's own step count (Adam bias correction)
   std::int32_t world_size = 0;       ///< ranks that wrote it
   std::string config_json;           ///< the run's configuration, as JSON
+  std::vector<TensorView> views;     ///< per-layer views of the tensors (may be empty)
 };
 
 }  // namespace sinew::checkpoint
