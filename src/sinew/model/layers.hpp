@@ -36,6 +36,20 @@ struct ParamRange {
   friend bool operator==(const ParamRange&, const ParamRange&) = default;
 };
 
+/// A named, shaped array inside the flat parameter buffer, for readers outside Sinew: the per-layer views
+/// of a checkpoint (docs/checkpoint-format.md). The elements of a view are contiguous, in C order (row
+/// major) of `shape`; a view cannot transpose, so `shape` is the layout the elements really have, and
+/// `layout` says how to use it.
+struct ParamView {
+  std::string name;                ///< "weight", "bias"; from Model::param_views(): "fc1/weight"
+  std::size_t offset = 0;          ///< first element: within the layer's parameters (Model: within params())
+  std::vector<std::size_t> shape;  ///< C-order shape of the elements as stored
+  std::string layout;              ///< how to use it, e.g. "y = x @ weight + bias"
+};
+
+/// A layer's integer hyper-parameters by name ("kernel", "padding", "stride"), in a fixed order.
+using HyperParams = std::vector<std::pair<std::string, int>>;
+
 /// splitmix64: tiny, fast, and bit-for-bit identical on every platform and standard library (unlike
 /// std::uniform_real_distribution), so a seed names the same initial model everywhere.
 class Rng {
@@ -79,6 +93,11 @@ class Layer {
   [[nodiscard]] virtual std::string describe() const { return kind(); }
   [[nodiscard]] virtual std::size_t num_params() const { return 0; }
   [[nodiscard]] virtual std::unique_ptr<Layer> clone() const = 0;
+  /// The layer's parameters as named arrays, covering [0, num_params()) in order (empty without
+  /// parameters). The offsets are relative to the layer's own parameters.
+  [[nodiscard]] virtual std::vector<ParamView> param_views() const { return {}; }
+  /// Hyper-parameters that input and output shapes do not tell (for readers outside Sinew).
+  [[nodiscard]] virtual HyperParams hyper_params() const { return {}; }
 
   /// Deterministic initialisation of this layer's parameters (params.size() == num_params()).
   virtual void init_params(std::span<float> /*params*/, Rng& /*rng*/) const {}
@@ -109,6 +128,8 @@ class Linear final : public Layer {
   [[nodiscard]] std::string describe() const override;
   [[nodiscard]] std::size_t num_params() const override;
   [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Linear>(*this); }
+  /// weight: (in, out), the elements of W column-major, i.e. W^T in C order; bias: (out).
+  [[nodiscard]] std::vector<ParamView> param_views() const override;
   void init_params(std::span<float> params, Rng& rng) const override;
   void forward(const Matrix& x, std::span<const float> params, Matrix& y) override;
   void backward_params(const Matrix& x, const Matrix& y, const Matrix& dy, std::span<float> grads,
@@ -132,6 +153,10 @@ class Conv2d final : public Layer {
   [[nodiscard]] std::string describe() const override;
   [[nodiscard]] std::size_t num_params() const override;
   [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Conv2d>(*this); }
+  /// weight: (in_channels, k, k, out_channels) in C order (W's column-major elements); bias: (out).
+  [[nodiscard]] std::vector<ParamView> param_views() const override;
+  /// kernel, padding, stride (1).
+  [[nodiscard]] HyperParams hyper_params() const override;
   void init_params(std::span<float> params, Rng& rng) const override;
   void forward(const Matrix& x, std::span<const float> params, Matrix& y) override;
   void backward_params(const Matrix& x, const Matrix& y, const Matrix& dy, std::span<float> grads,
@@ -166,6 +191,8 @@ class MaxPool2d final : public Layer {
   explicit MaxPool2d(const Shape& input);
   [[nodiscard]] std::string kind() const override { return "maxpool2d"; }
   [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<MaxPool2d>(*this); }
+  /// kernel 2, stride 2.
+  [[nodiscard]] HyperParams hyper_params() const override { return {{"kernel", 2}, {"stride", 2}}; }
   void forward(const Matrix& x, std::span<const float> params, Matrix& y) override;
   void backward_input(const Matrix& x, const Matrix& y, const Matrix& dy, std::span<const float> params,
                       Matrix& dx) override;

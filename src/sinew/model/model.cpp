@@ -6,6 +6,8 @@
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "sinew/core/error.hpp"
 
 namespace sinew::model {
@@ -13,6 +15,16 @@ namespace sinew::model {
 namespace {
 
 std::string shape_str(const Shape& s) { return fmt::format("{}x{}x{}", s.channels, s.height, s.width); }
+
+/// The short name of a layer kind in layer names ("fc1", "conv1", "pool1").
+std::string short_name(const std::string& kind) {
+  if (kind == "linear") return "fc";
+  if (kind == "conv2d") return "conv";
+  if (kind == "maxpool2d") return "pool";
+  return kind;
+}
+
+nlohmann::ordered_json shape_json(const Shape& s) { return {s.channels, s.height, s.width}; }
 
 /// Parses "512,256,..." into positive layer widths; throws InvalidArgument naming the whole spec.
 std::vector<int> parse_hidden_sizes(const std::string& spec, std::string_view list) {
@@ -191,6 +203,49 @@ std::vector<ParamRange> Model::grad_ready_order() const {
     if (it->count > 0) order.push_back(*it);
   }
   return order;
+}
+
+std::string Model::layer_name(std::size_t i) const {
+  const std::string kind = layers_.at(i)->kind();
+  std::size_t number = 0;
+  for (std::size_t j = 0; j <= i; ++j) number += layers_[j]->kind() == kind ? 1 : 0;
+  return fmt::format("{}{}", short_name(kind), number);
+}
+
+std::vector<ParamView> Model::param_views() const {
+  std::vector<ParamView> views;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const std::string prefix = layer_name(i) + "/";
+    for (ParamView v : layers_[i]->param_views()) {
+      v.name = prefix + v.name;
+      v.offset += ranges_[i].offset;
+      views.push_back(std::move(v));
+    }
+  }
+  return views;
+}
+
+std::string Model::description_json() const {
+  using json = nlohmann::ordered_json;  // keys in the order written
+  json layers = json::array();
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& layer = *layers_[i];
+    const std::string name = layer_name(i);
+    json l = {{"name", name},
+              {"kind", layer.kind()},
+              {"input_shape", shape_json(layer.input_shape())},
+              {"output_shape", shape_json(layer.output_shape())}};
+    for (const auto& [key, value] : layer.hyper_params()) l[key] = value;
+    json params = json::object();
+    for (const ParamView& v : layer.param_views()) params[v.name] = name + "/" + v.name;
+    l["params"] = std::move(params);
+    layers.push_back(std::move(l));
+  }
+  const json j = {{"spec", spec_},
+                  {"input_shape", shape_json(input_)},
+                  {"num_classes", num_classes_},
+                  {"layers", std::move(layers)}};
+  return j.dump();
 }
 
 std::string Model::summary() const {

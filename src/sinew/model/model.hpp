@@ -84,6 +84,20 @@ class Model {
   /// Where layer i's parameters lie in the flat buffer (count 0 for layers without parameters).
   [[nodiscard]] ParamRange layer_params(std::size_t i) const { return ranges_.at(i); }
 
+  /// Layer i's name in checkpoints and descriptions: a short name of its kind and its number among the
+  /// layers of that kind, from 1: "fc1", "fc2" (linear), "conv1" (conv2d), "relu1", "pool1" (maxpool2d).
+  [[nodiscard]] std::string layer_name(std::size_t i) const;
+  /// Every layer's parameters as named arrays, "<layer name>/<param>" ("fc1/weight") with offsets into
+  /// params(), in flat order: together they cover [0, num_params()) exactly once. A checkpoint stores them as
+  /// its per-layer views (docs/checkpoint-format.md).
+  [[nodiscard]] std::vector<ParamView> param_views() const;
+  /// The model as one line of JSON, for readers outside Sinew that rebuild the forward pass from a
+  /// checkpoint's views: {"spec", "input_shape": [C, H, W], "num_classes", "layers": [{"name", "kind",
+  /// "input_shape", "output_shape", hyper-parameters ("kernel", "padding", "stride"), "params": {"weight":
+  /// "fc1/weight", ...}}, ...]}, layers in forward order; shapes are of one sample, (channels, height,
+  /// width), and a linear layer's output is (out, 1, 1).
+  [[nodiscard]] std::string description_json() const;
+
  private:
   std::string spec_;
   Shape input_;
