@@ -53,6 +53,11 @@ checkpoint::TrainingState TrainState::snapshot(algo::Algorithm& algorithm, int r
   st.optimizer_steps = p.optimizer_steps;
   st.world_size = world;
   st.config_json = std::move(config_json);
+  // Per-layer views of "params" ("fc1/weight"), so that readers of the checkpoint can rebuild the model.
+  for (model::ParamView& v : net_.param_views()) {
+    st.views.push_back(
+        {std::move(v.name), "params", v.offset, {v.shape.begin(), v.shape.end()}, std::move(v.layout)});
+  }
   const auto r = static_cast<std::size_t>(rank);
   for (const auto& [name, buf] : algorithm.rank_state()) {
     auto& t = st.tensors[name];
