@@ -13,6 +13,8 @@
 // #wrong counts elements that differ from the exact expected sum (inputs are small integers, so any
 // correct reduction order gives the exact value); for bytegrad, elements beyond its documented error
 // bound. The wire column is the bytes rank 0 sent per byte of buffer (2(n-1)/n for a ring).
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +32,7 @@
 #include "common.hpp"
 #include "sinew/algo/collectives.hpp"
 #include "sinew/algo/quantize.hpp"
+#include "sinew/checkpoint/catalog.hpp"
 #include "sinew/checkpoint/reader.hpp"
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/comm/bucketer.hpp"
@@ -392,7 +395,8 @@ int bench_checkpoint(const std::vector<std::string>& args, const mpi::Communicat
   comm::mpi::MpiBackend backend(world);
   checkpoint::WriterOptions wo;
   wo.keep = 1;
-  checkpoint::Writer writer(dir + "/sinew-bench-ckpt", backend, wo);
+  const std::string ckdir = dir + "/sinew-bench-ckpt";
+  checkpoint::Writer writer(ckdir, backend, wo);
   checkpoint::TrainingState st;
   const auto n = static_cast<std::size_t>(mb * (1 << 20) / sizeof(float) / 2);
   for (const char* name : {"params", "optim/momentum"}) {
@@ -401,51 +405,110 @@ int bench_checkpoint(const std::vector<std::string>& args, const mpi::Communicat
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 1000) * 0.001f;
   }
   st.world_size = world.size();
-  std::vector<double> sinew_gbs, dd_gbs, restore_s;
-  std::uint64_t bytes = 0;
-  for (int r = 0; r < rounds; ++r) {
-    st.step = r + 1;
+  // Cold-cache figures need the page cache dropped (root, a writable /proc/sys/vm/drop_caches).
+  const bool can_drop = world.rank() != 0 || ::access("/proc/sys/vm/drop_caches", W_OK) == 0;
+  int cold = can_drop ? 1 : 0;
+  SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, &cold, 1, MPI_INT, MPI_MIN, world.get()));
+  auto drop_caches = [&] {
+    if (world.rank() == 0) {
+      ::sync();
+      std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+    }
+    SINEW_MPI(MPI_Barrier(world.get()));
+  };
+  // Seconds until every rank is done with `f`.
+  auto timed = [&](auto&& f) {
     SINEW_MPI(MPI_Barrier(world.get()));
     const auto t0 = Clock::now();
-    const auto res = writer.save(st);
-    const double s = seconds_since(t0);
+    f();
+    double s = seconds_since(t0);
+    SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, world.get()));
+    return s;
+  };
+  std::vector<double> sinew_gbs, dd_gbs, warm_gbs, dd_warm_gbs, cold_gbs, dd_cold_gbs;
+  std::uint64_t bytes = 0, files_bytes = 0;
+  for (int r = 0; r < rounds; ++r) {
+    st.step = r + 1;
+    checkpoint::SaveResult res;
+    const double ws = timed([&] { res = writer.save(st); });
     bytes = res.bytes;
-    sinew_gbs.push_back(static_cast<double>(bytes) / s / 1e9);
-    SINEW_MPI(MPI_Barrier(world.get()));
-    const auto t1 = Clock::now();
-    const auto loaded = checkpoint::load(res.path);
-    double rs = seconds_since(t1);
-    SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, &rs, 1, MPI_DOUBLE, MPI_MAX, world.get()));
-    restore_s.push_back(rs);
-    if (loaded.tensors != st.tensors) SINEW_THROW(Error, "sinew-bench checkpoint: restored state differs");
+    sinew_gbs.push_back(static_cast<double>(bytes) / ws / 1e9);
     double dd = 0;
     if (world.rank() == 0) dd = static_cast<double>(bytes) / dd_seconds(dir, bytes) / 1e9;
     SINEW_MPI(MPI_Bcast(&dd, 1, MPI_DOUBLE, 0, world.get()));
     dd_gbs.push_back(dd);
+    // Restore: every rank reads the whole checkpoint (data-parallel ranks all hold the whole state); the
+    // peer is dd reading the same shard files on every rank at once, into /dev/null.
+    std::string shards;
+    files_bytes = 0;
+    for (int k = 0; k < world.size(); ++k) {
+      const auto file = std::filesystem::path(res.path) / checkpoint::shard_name(k, world.size());
+      shards += fmt::format(" '{}'", file.string());
+      files_bytes += std::filesystem::file_size(file);
+    }
+    const std::string dd_read =
+        "sh -c 'for f; do dd if=\"$f\" of=/dev/null bs=4M status=none || exit 1; done' sh" + shards;
+    const auto total = static_cast<double>(files_bytes) * world.size();
+    auto restore = [&] {
+      const auto loaded = checkpoint::load(res.path);
+      if (loaded.tensors != st.tensors) SINEW_THROW(Error, "sinew-bench checkpoint: restored state differs");
+    };
+    auto dd_restore = [&] {
+      if (std::system(dd_read.c_str()) != 0)  // NOLINT(concurrency-mt-unsafe): single-threaded here
+        SINEW_THROW(Error, "sinew-bench checkpoint: '{}' failed", dd_read);
+    };
+    // Warm: the files are in the page cache (just written, then read once).
+    dd_restore();
+    warm_gbs.push_back(total / timed(restore) / 1e9);
+    dd_warm_gbs.push_back(total / timed(dd_restore) / 1e9);
+    if (cold) {
+      drop_caches();
+      cold_gbs.push_back(total / timed(restore) / 1e9);
+      drop_caches();
+      dd_cold_gbs.push_back(total / timed(dd_restore) / 1e9);
+    }
   }
   auto median = [](std::vector<double> v) {
+    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double sg = median(sinew_gbs), dg = median(dd_gbs), rs = median(restore_s);
+  const double sg = median(sinew_gbs), dg = median(dd_gbs), wg = median(warm_gbs), dwg = median(dd_warm_gbs),
+               cg = median(cold_gbs), dcg = median(dd_cold_gbs);
   if (world.rank() == 0) {
     std::printf("# sinew-bench checkpoint: %d ranks, %.1f MiB per checkpoint, %d rounds, dir %s\n",
                 world.size(), static_cast<double>(bytes) / (1 << 20), rounds, dir.c_str());
-    std::printf("%-6s %12s %12s %12s %14s\n", "round", "sinew_GB/s", "dd_GB/s", "ratio", "restore_s");
+    std::printf("# restore: every rank reads all %d shard files (%.1f MiB); GB/s over all ranks' bytes\n",
+                world.size(), static_cast<double>(files_bytes) / (1 << 20));
+    std::printf("%-6s %10s %10s %7s %10s %10s %7s %10s %10s %7s\n", "round", "write", "dd_write", "ratio",
+                "rd_warm", "dd_warm", "ratio", "rd_cold", "dd_cold", "ratio");
     for (int r = 0; r < rounds; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      std::printf("%-6d %12.3f %12.3f %12.2f %14.3f\n", r + 1, sinew_gbs[i], dd_gbs[i],
-                  sinew_gbs[i] / dd_gbs[i], restore_s[i]);
+      const double c = cold ? cold_gbs[i] : std::numeric_limits<double>::quiet_NaN();
+      const double dc = cold ? dd_cold_gbs[i] : std::numeric_limits<double>::quiet_NaN();
+      std::printf("%-6d %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f\n", r + 1, sinew_gbs[i],
+                  dd_gbs[i], sinew_gbs[i] / dd_gbs[i], warm_gbs[i], dd_warm_gbs[i],
+                  warm_gbs[i] / dd_warm_gbs[i], c, dc, c / dc);
     }
-    std::printf("# median: sinew %.3f GB/s, dd (fdatasync) %.3f GB/s, ratio %.2f; restore %.3f s\n", sg, dg,
-                sg / dg, rs);
+    std::printf(
+        "# median GB/s: write %.3f vs dd (fdatasync) %.3f = %.2fx; restore warm %.3f vs dd %.3f = %.2fx; "
+        "restore cold %.3f vs dd %.3f = %.2fx%s\n",
+        sg, dg, sg / dg, wg, dwg, wg / dwg, cg, dcg, cg / dcg,
+        cold ? "" : " (cold: cannot drop the page cache here, needs root)");
     if (!json.empty()) {
+      auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
       std::ofstream(json) << nlohmann::json{{"ranks", world.size()},
                                             {"bytes", bytes},
+                                            {"dir", dir},
                                             {"sinew_gbs", sg},
                                             {"dd_gbs", dg},
                                             {"ratio", sg / dg},
-                                            {"restore_s", rs},
+                                            {"restore_warm_gbs", wg},
+                                            {"dd_read_warm_gbs", dwg},
+                                            {"restore_warm_ratio", wg / dwg},
+                                            {"restore_cold_gbs", num(cg)},
+                                            {"dd_read_cold_gbs", num(dcg)},
+                                            {"restore_cold_ratio", num(cg / dcg)},
                                             {"rounds_sinew_gbs", sinew_gbs},
                                             {"rounds_dd_gbs", dd_gbs}}
                                  .dump()
@@ -453,7 +516,7 @@ int bench_checkpoint(const std::vector<std::string>& args, const mpi::Communicat
     }
   }
   std::error_code ec;
-  if (world.rank() == 0) std::filesystem::remove_all(dir + "/sinew-bench-ckpt", ec);
+  if (world.rank() == 0) std::filesystem::remove_all(ckdir, ec);
   return 0;
 }
 

@@ -47,7 +47,8 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  list DIR [--json]                  committed checkpoints in DIR, newest first, each verified\n"
-    "                                     (reads all their data); .partial directories are shown as ignored\n"
+    "                                     (reads all their data); uncommitted directories (no commit\n"
+    "                                     record) are shown as ignored\n"
     "  inspect PATH [--json]              what a checkpoint's manifest says: step, epoch, data position,\n"
     "                                     seed, world size, configuration, tensors with per-shard CRC32\n"
     "  verify PATH...                     reads every shard of each checkpoint and checks sizes and CRC32;\n"
@@ -170,7 +171,7 @@ int cmd_list(const std::vector<std::string>& argv) {
     std::uint64_t bytes = 0;
   };
   std::vector<Row> rows;
-  int committed = 0, valid = 0, partial = 0;
+  int committed = 0, valid = 0, uncommitted = 0;
   for (const auto& e : ck::scan(dir, /*check=*/true)) {
     Row r;
     r.path = e.path;
@@ -191,20 +192,22 @@ int cmd_list(const std::vector<std::string>& argv) {
     valid += e.valid ? 1 : 0;
     rows.push_back(std::move(r));
   }
-  for (const auto& e : ck::scan_partial(dir)) {
+  for (const auto& e : ck::scan_uncommitted(dir)) {
     Row r;
     r.path = e.path;
     r.name = fs::path(e.path).filename().string();
     r.step = e.step;
-    r.state = "partial";
+    const auto n = ck::parse_name(r.name);
+    r.state = n && n->partial ? "partial" : "uncommitted";
     r.reason = e.reason;
     r.bytes = disk_bytes(e.path);
-    ++partial;
+    ++uncommitted;
     rows.push_back(std::move(r));
   }
-  // Newest first; at equal steps the committed one before a partial one.
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) {
-    return x.step != y.step ? x.step > y.step : (x.state != "partial" && y.state == "partial");
+  // Newest first; at equal steps the committed ones before the others (already in attempt order).
+  const auto committed_row = [](const Row& r) { return r.state == "valid" || r.state == "invalid"; };
+  std::stable_sort(rows.begin(), rows.end(), [&](const Row& x, const Row& y) {
+    return x.step != y.step ? x.step > y.step : (committed_row(x) && !committed_row(y));
   });
 
   if (as_json) {
@@ -222,7 +225,7 @@ int cmd_list(const std::vector<std::string>& argv) {
     print_json(out);
     return 0;
   }
-  std::printf("%s: %d committed (%d valid), %d partial\n", dir.c_str(), committed, valid, partial);
+  std::printf("%s: %d committed (%d valid), %d uncommitted\n", dir.c_str(), committed, valid, uncommitted);
   if (rows.empty()) {
     if (fs::exists(fs::path(dir) / ck::kManifestFile))
       std::printf("(%s is itself a checkpoint: see sinew-ckpt inspect or verify)\n", dir.c_str());
@@ -232,9 +235,10 @@ int cmd_list(const std::vector<std::string>& argv) {
   for (const auto& r : rows) {
     const std::string epoch = r.epoch ? std::to_string(*r.epoch) : "-";
     const std::string world = r.world ? std::to_string(*r.world) : "-";
-    std::string state = r.state == "valid"     ? "valid"
-                        : r.state == "partial" ? "partial (ignored)"
-                                               : "INVALID: " + r.reason;
+    std::string state = r.state == "valid"         ? "valid"
+                        : r.state == "partial"     ? "partial (ignored)"
+                        : r.state == "uncommitted" ? "uncommitted (ignored)"
+                                                   : "INVALID: " + r.reason;
     std::printf("%12lld %8s %6s %11s  %-26s %s\n", static_cast<long long>(r.step), epoch.c_str(),
                 world.c_str(), human_bytes(r.bytes).c_str(), r.name.c_str(), state.c_str());
   }

@@ -53,6 +53,7 @@ set(_sinew_pc_module_nlohmann_json__nlohmann_json "nlohmann_json >= 3.10")
 set(_sinew_pc_module_spdlog__spdlog "spdlog")
 set(_sinew_pc_module_fmt__fmt "fmt")
 set(_sinew_pc_module_ZLIB__ZLIB "zlib")
+set(_sinew_pc_module_PkgConfig__ISAL "libisal")
 find_package(PkgConfig QUIET)
 
 set(_sinew_pc_implicit_include_dirs ${CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES} ${CMAKE_C_IMPLICIT_INCLUDE_DIRECTORIES})

@@ -78,8 +78,8 @@ NET = os.path.join(ROOT, "hpc/net")
 
 TRAIN_POINTS = ["forward", "backward", "allreduce", "optimizer"]
 CHECKPOINT_POINTS = ["before-shard-data", "after-shard-data", "before-fsync", "before-manifest",
-                     "before-rename"]
-COMMIT_POINTS = {"before-manifest", "before-rename"}  # only on the committing rank (view rank 0)
+                     "before-commit"]
+COMMIT_POINTS = {"before-manifest", "before-commit"}  # only on the committing rank (view rank 0)
 
 # CPU algorithms with an in-place recovery scenario (tests/cli/elastic_scenarios.sh algo-*), with the
 # options those scenarios use. `auto` is left out: its choice depends on timing, so its reference would not

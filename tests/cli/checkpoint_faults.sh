@@ -25,7 +25,7 @@ bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/    
 # in elastic_scenarios.sh).
 common=(--dataset synthetic --batch-size 16 --checkpoint-every 5 --progress false --timeout-ms 10000 --elastic off)
 
-for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manifest 0:before-rename; do
+for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manifest 0:before-commit; do
   rank=${spec%%:*}
   phase=${spec#*:}
   d="$work/$phase"
@@ -35,9 +35,9 @@ for spec in 1:before-shard-data 1:after-shard-data 2:before-fsync 0:before-manif
   if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$phase: job should fail when rank $rank dies (exit $rc)" "$out"; continue; fi
   if ! grep -q "injected fault: killing launch rank $rank at phase $phase of step 10" <<<"$out"; then bad "$phase: the fault did not fire" "$out"; continue; fi
   v=$("$ckpt" verify "$d/ckpt-0000000005" 2>&1) || { bad "$phase: previous checkpoint no longer valid" "$v"; continue; }
-  if [ -e "$d/ckpt-0000000010/manifest.h5" ]; then bad "$phase: interrupted checkpoint looks committed"; continue; fi
+  if [ -e "$d/ckpt-0000000010/COMMITTED" ]; then bad "$phase: interrupted checkpoint looks committed"; continue; fi
   listed=$("$ckpt" list "$d" 2>&1)
-  if grep -q "ckpt-0000000010 " <<<"$listed" && ! grep -q "partial" <<<"$listed"; then
+  if grep -q "ckpt-0000000010 " <<<"$listed" && ! grep -q "ckpt-0000000010 .*uncommitted (ignored)" <<<"$listed"; then
     bad "$phase: list shows the interrupted checkpoint as committed" "$listed"; continue
   fi
   out=$(timeout 120 "${mpiexec[@]}" -n 2 "$train" "${common[@]}" --epochs 1 --model mlp:32 --max-steps 20 --checkpoint-dir "$d" 2>&1)

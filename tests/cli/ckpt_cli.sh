@@ -44,7 +44,7 @@ fi
 mkdir -p "$d/ckpt-0000000099.partial"
 
 # --- list ----------------------------------------------------------------------------------------
-expect list 0 "2 committed \(2 valid\), 1 partial" -- "$ckpt" list "$d"
+expect list 0 "2 committed \(2 valid\), 1 uncommitted" -- "$ckpt" list "$d"
 out=$("$ckpt" list "$d" 2>&1)
 check list-newest-first bash -c '[ "$(grep -n ckpt-0000000010 <<<"$1" | cut -d: -f1)" -lt "$(grep -n "ckpt-0000000005 " <<<"$1" | cut -d: -f1)" ]' _ "$out"
 expect list-partial 0 "ckpt-0000000099.partial +partial \(ignored\)" -- "$ckpt" list "$d"
@@ -57,7 +57,7 @@ expect list-missing-dir 4 "$work/nowhere" -- "$ckpt" list "$work/nowhere"
 expect inspect-world 0 "world size +2 " -- "$ckpt" inspect "$c10"
 expect inspect-step 0 "^step +10 " -- "$ckpt" inspect "$c10"
 expect inspect-tensor 0 "^params +[0-9]+ +2 +[0-9a-f]{8} [0-9a-f]{8}$" -- "$ckpt" inspect "$c10"
-expect inspect-manifest-path 0 "schema version +1" -- "$ckpt" inspect "$c10/manifest.h5"
+expect inspect-manifest-path 0 "schema version +2" -- "$ckpt" inspect "$c10/manifest.h5"
 expect inspect-json 0 '"world_size": 2' -- "$ckpt" inspect "$c10" --json
 expect inspect-missing 4 "$work/nope/ckpt-0000000001: no such checkpoint" -- "$ckpt" inspect "$work/nope/ckpt-0000000001"
 expect verify-missing 4 "$work/nope/ckpt-0000000001: INVALID: .*no such checkpoint" -- "$ckpt" verify "$work/nope/ckpt-0000000001"

@@ -290,12 +290,18 @@ TEST(Checkpoint, AsyncCommitFailureSurfacesOnEveryRank) {
   o.op.timeout = std::chrono::seconds(60);
   ck::Writer writer(dir, backend, o);
   ASSERT_TRUE(writer.save_async(make_state(10, w)));
-  // A file where the committed directory must go makes rank 0's rename fail in the background.
-  on_rank0([&] { std::ofstream(fs::path(dir) / ckpt_dir_name(10)) << "in the way"; });
+  // A directory where the manifest must go makes rank 0's commit fail in the background.
+  const fs::path attempt = fs::path(dir) / ckpt_dir_name(10);
+  on_rank0([&] { fs::create_directory(attempt / "manifest.h5"); });
   EXPECT_FALSE(progress_when_ready(writer).has_value());
   EXPECT_THROW(progress_when_ready(writer), CheckpointError);
   EXPECT_FALSE(writer.async_in_flight());
-  EXPECT_FALSE(fs::exists(fs::path(dir) / (ckpt_dir_name(10) + ".partial")));
+  // The failed attempt is emptied but its directory stays, so that its name is never used again.
+  on_rank0([&] {
+    EXPECT_TRUE(fs::is_directory(attempt));
+    EXPECT_TRUE(fs::is_empty(attempt));
+    EXPECT_FALSE(ck::is_committed(attempt.string()));
+  });
 }
 
 TEST(Checkpoint, KeepPrunesToTheNewest) {
@@ -454,9 +460,14 @@ TEST(CheckpointDamage, SavingTheStepAgainReplacesADamagedCheckpoint) {
       continue;
     }
     EXPECT_FALSE(res.skipped);
-    const std::string reason = ck::verify(c.newer);
+    // The damaged directory is left alone (a name is never reused); the step is written as attempt 2.
+    EXPECT_EQ(res.path, ck::checkpoint_path(c.dir, 20, 2));
+    const std::string reason = ck::verify(res.path);
     EXPECT_EQ(reason, "");
-    if (reason.empty()) expect_same_state(ck::load(c.newer), again, world_size());
+    if (reason.empty()) expect_same_state(ck::load(res.path), again, world_size());
+    const auto latest = ck::find_latest(c.dir);
+    ASSERT_TRUE(latest.found);
+    EXPECT_EQ(latest.found->path, res.path);
   }
 }
 

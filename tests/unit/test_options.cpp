@@ -22,9 +22,9 @@ TEST(Options, ParseFault) {
   EXPECT_EQ(f.point, fault::Point::kAllreduce);
   EXPECT_EQ(f.step, 30);
   EXPECT_EQ(fault::parse_fault("0:checkpoint-write:1").point, fault::Point::kCheckpointWrite);
-  EXPECT_EQ(fault::parse_fault("1:before-rename:10").point, fault::Point::kBeforeRename);
+  EXPECT_EQ(fault::parse_fault("1:before-commit:10").point, fault::Point::kBeforeCommit);
   for (const char* bad : {"", "2", "2:allreduce", "x:forward:3", "1:fly:3", "1:forward:0", "-1:forward:3",
-                          "1:forward:3x", "1 :forward:3", "1:before-rename:"}) {
+                          "1:forward:3x", "1 :forward:3", "1:before-commit:"}) {
     EXPECT_THROW((void)fault::parse_fault(bad), InvalidArgument) << bad;
   }
   try {

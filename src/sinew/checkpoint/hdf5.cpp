@@ -1,6 +1,7 @@
 #include "sinew/checkpoint/hdf5.hpp"
 
 #include <fcntl.h>
+#include <isa-l/crc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -76,16 +77,106 @@ Handle intermediate_groups() {
 
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
-Handle create_memory_file(const std::string& path) {
+// --- file images -------------------------------------------------------------------------------------------
+// HDF5's core driver allocates, resizes and frees a file's memory through these callbacks when they are set
+// (H5Pset_file_image_callbacks). A MemoryFile's callbacks keep the block at close instead of freeing it; a
+// read-only image's callbacks hand HDF5 the caller's buffer instead of a copy (what H5LT's
+// H5LT_FILE_IMAGE_DONT_COPY does).
+
+struct MemoryFile::Sink {
+  void* kept = nullptr;      // the file's memory, once HDF5 closed the file
+  std::size_t capacity = 0;  // bytes allocated for it
+  std::size_t reserve = 0;   // first allocation at least this large
+};
+
+namespace {
+
+void* sink_malloc(std::size_t size, H5FD_file_image_op_t /*op*/, void* /*udata*/) {
+  return std::malloc(size);
+}
+
+void* sink_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image_op_t /*op*/,
+                  void* /*udata*/) {
+  return std::memcpy(dest, src, size);
+}
+
+void* sink_realloc(void* ptr, std::size_t size, H5FD_file_image_op_t /*op*/, void* udata) {
+  auto* sink = static_cast<MemoryFile::Sink*>(udata);
+  if (ptr != nullptr && size <= sink->capacity) return ptr;  // a shrink, or room left: nothing to move
+  // The first block is made large enough for the whole file, so the data is never moved.
+  const std::size_t want = ptr == nullptr ? std::max(size, sink->reserve) : size;
+  void* p = std::realloc(ptr, want);
+  if (p != nullptr) sink->capacity = want;
+  return p;
+}
+
+herr_t sink_free(void* ptr, H5FD_file_image_op_t op, void* udata) {
+  auto* sink = static_cast<MemoryFile::Sink*>(udata);
+  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && ptr != nullptr) {
+    std::free(sink->kept);
+    sink->kept = ptr;  // the file's bytes: take() hands them over
+  } else {
+    std::free(ptr);
+  }
+  return 0;
+}
+
+void* same_udata(void* udata) { return udata; }
+herr_t keep_udata(void* /*udata*/) { return 0; }
+
+// Read-only image over the caller's buffer: every "allocation" is the buffer itself.
+struct Borrowed {
+  void* data;
+};
+void* borrow_malloc(std::size_t /*size*/, H5FD_file_image_op_t /*op*/, void* udata) {
+  return static_cast<Borrowed*>(udata)->data;
+}
+void* borrow_memcpy(void* dest, const void* src, std::size_t size, H5FD_file_image_op_t /*op*/,
+                    void* /*udata*/) {
+  if (dest != src) std::memcpy(dest, src, size);
+  return dest;
+}
+void* borrow_realloc(void* /*ptr*/, std::size_t /*size*/, H5FD_file_image_op_t /*op*/, void* /*udata*/) {
+  return nullptr;  // a read-only file never grows
+}
+herr_t borrow_free(void* /*ptr*/, H5FD_file_image_op_t /*op*/, void* /*udata*/) { return 0; }
+
+}  // namespace
+
+MemoryFile::MemoryFile(const std::string& path, std::size_t size_hint)
+    : sink_(std::make_unique<Sink>()), path_(path) {
   quiet();
+  // Metadata of a checkpoint file is a few KiB per tensor; the reserve spares one reallocation.
+  sink_->reserve = size_hint + (64u << 10);
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  H5Pset_fapl_core(fapl.get(), 4u << 20, /*backing_store=*/0);
+  H5Pset_fapl_core(fapl.get(), 1u << 20, /*backing_store=*/0);
+  H5FD_file_image_callbacks_t cb{sink_malloc, sink_memcpy, sink_realloc, sink_free,
+                                 same_udata,  keep_udata,  sink_.get()};
+  if (H5Pset_file_image_callbacks(fapl.get(), &cb) < 0) fail(path, "cannot set up the in-memory HDF5 file");
   // Default (earliest) file format on purpose: with the 1.8/1.10 formats, HDF5 1.10.8 hands out file
   // images whose superblock checksum no longer matches (the image's EOF field is patched afterwards), and
   // they cannot be opened. Tensor data is protected by Sinew's own CRC32s (see docs).
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (f.get() < 0) fail(path, "cannot create the in-memory HDF5 file");
-  return f;
+  file_ = Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (file_.get() < 0) fail(path, "cannot create the in-memory HDF5 file");
+}
+
+MemoryFile::~MemoryFile() {
+  file_.reset();
+  std::free(sink_->kept);
+}
+
+Image MemoryFile::take() {
+  if (file_.get() < 0) fail(path_, "the in-memory HDF5 file was already taken");
+  // The file's logical size: what H5Fget_file_image would copy out.
+  const ssize_t n = H5Fget_file_image(file_.get(), nullptr, 0);
+  if (n < 0) fail(path_, "cannot size the in-memory HDF5 file");
+  if (!file_.close()) fail(path_, "cannot close the in-memory HDF5 file");
+  if (sink_->kept == nullptr || static_cast<std::size_t>(n) > sink_->capacity)
+    fail(path_, "the in-memory HDF5 file lost its bytes at close");
+  Image img;
+  img.data.reset(static_cast<char*>(std::exchange(sink_->kept, nullptr)));
+  img.size = static_cast<std::size_t>(n);
+  return img;
 }
 
 void fsync_path(const std::string& path, bool directory) {
@@ -97,19 +188,22 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) fail(path, std::string("fsync failed: ") + errno_text(err));
 }
 
-std::uint32_t crc32_bytes(const void* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = static_cast<const Bytef*>(data);
-  while (n > 0) {  // zlib's crc32 takes a uInt length
-    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = crc32(crc, bytes, chunk);
+std::uint32_t crc32_bytes(const void* data, std::size_t n, std::uint32_t crc) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  while (n > 0) {  // ISA-L takes a 64-bit length; chunks keep every call bounded anyway
+    const std::size_t chunk = std::min<std::size_t>(n, std::size_t{1} << 30);
+    crc = crc32_gzip_refl(crc, bytes, chunk);
     bytes += chunk;
     n -= chunk;
   }
-  return static_cast<std::uint32_t>(crc);
+  return crc;
 }
 
-Handle open_verified(const std::string& path, const Digest& expected) {
+std::uint32_t crc32_combine(std::uint32_t first, std::uint32_t second, std::uint64_t second_size) {
+  return static_cast<std::uint32_t>(::crc32_combine64(first, second, static_cast<z_off64_t>(second_size)));
+}
+
+OpenImage open_verified(const std::string& path, const Digest& expected) {
   quiet();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
@@ -121,8 +215,10 @@ Handle open_verified(const std::string& path, const Digest& expected) {
     fail(path, fmt::format("has {} bytes, its checkpoint records {}: the file is truncated or damaged",
                            actual, expected.size));
   }
+  OpenImage out;
   // One byte more than expected, to notice a file that grew while being read.
-  std::vector<char> bytes(static_cast<std::size_t>(expected.size) + 1);
+  std::vector<char>& bytes = out.bytes;
+  bytes.resize(static_cast<std::size_t>(expected.size) + 1);
   std::size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
@@ -142,38 +238,41 @@ Handle open_verified(const std::string& path, const Digest& expected) {
     fail(path,
          fmt::format("has {} bytes, its checkpoint records {}: the file is truncated", got, expected.size));
   }
+  bytes.resize(got);
   const std::uint32_t crc = crc32_bytes(bytes.data(), got);
   if (crc != expected.crc32) {
     fail(path, fmt::format("fails its CRC32 check (expected 0x{:08x}, file 0x{:08x}): the file is corrupt",
                            expected.crc32, crc));
   }
+  if (got == 0) fail(path, "is empty: not an HDF5 file");
+  // HDF5 works on `bytes` itself: the callbacks lend it the buffer for every copy it would make.
+  Borrowed lend{bytes.data()};
+  H5FD_file_image_callbacks_t cb{borrow_malloc, borrow_memcpy, borrow_realloc, borrow_free,
+                                 same_udata,    keep_udata,    &lend};
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fapl_core(fapl.get(), 1u << 20, /*backing_store=*/0);
-  // HDF5 copies the image (default flags), so `bytes` may go when this returns.
-  if (H5Pset_file_image(fapl.get(), bytes.data(), got) < 0) fail(path, "cannot hand the file image to HDF5");
+  if (H5Pset_file_image_callbacks(fapl.get(), &cb) < 0 ||
+      H5Pset_file_image(fapl.get(), bytes.data(), got) < 0)
+    fail(path, "cannot hand the file image to HDF5");
   // A name that is not on disk: the core driver refuses an image under the name of an existing file.
   const std::string name = path + ".verified-image";
-  Handle f(H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-  if (f.get() < 0) fail(path, "cannot open as HDF5");
-  return f;
+  out.file = Handle(H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (out.file.get() < 0) fail(path, "cannot open as HDF5");
+  return out;
 }
 
-Digest write_image(hid_t f, const std::string& path, bool sync) {
-  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) fail(path, "cannot flush the in-memory HDF5 file");
-  const ssize_t n = H5Fget_file_image(f, nullptr, 0);
-  if (n < 0) fail(path, "cannot size the HDF5 file image");
-  std::vector<char> image(static_cast<std::size_t>(n));
-  if (H5Fget_file_image(f, image.data(), image.size()) != n) fail(path, "cannot copy the HDF5 file image");
+void write_file(const std::string& path, const void* data, std::size_t n, bool sync) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(path, std::string("cannot create: ") + errno_text(errno));
+  const auto* bytes = static_cast<const char*>(data);
   std::size_t done = 0;
-  while (done < image.size()) {
-    const ssize_t w = ::write(fd, image.data() + done, image.size() - done);
+  while (done < n) {
+    const ssize_t w = ::write(fd, bytes + done, n - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const int err = w < 0 ? errno : ENOSPC;
       ::close(fd);
-      fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, image.size(), errno_text(err),
+      fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, n, errno_text(err),
                              err == ENOSPC ? " (disk full)" : ""));
     }
     done += static_cast<std::size_t>(w);
@@ -184,7 +283,12 @@ Digest write_image(hid_t f, const std::string& path, bool sync) {
     fail(path, std::string("fsync failed: ") + errno_text(err));
   }
   if (::close(fd) != 0) fail(path, std::string("close failed: ") + errno_text(errno));
-  return {image.size(), crc32_bytes(image.data(), image.size())};
+}
+
+Digest write_image(MemoryFile& f, const std::string& path, bool sync) {
+  const Image img = f.take();
+  write_file(path, img.data.get(), img.size, sync);
+  return {img.size, crc32_bytes(img.data.get(), img.size)};
 }
 
 Handle open_file(const std::string& path) {
@@ -200,18 +304,23 @@ Handle create_group(hid_t loc, const std::string& name) {
   return g;
 }
 
-void write_floats(hid_t loc, const std::string& name, const float* data, std::size_t n,
-                  const std::string& file) {
+std::uint64_t write_floats(hid_t loc, const std::string& name, const float* data, std::size_t n,
+                           const std::string& file) {
   const hsize_t dims = n;
   Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every element is written right away
   Handle ds(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), intermediate_groups().get(),
-                       H5P_DEFAULT, H5P_DEFAULT),
+                       dcpl.get(), H5P_DEFAULT),
             H5Dclose);
   if (ds.get() < 0) fail(file, "cannot create dataset " + name);
   if (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
     fail(file, "cannot write dataset " + name + " (disk full?)");
   }
+  const haddr_t offset = n > 0 ? H5Dget_offset(ds.get()) : HADDR_UNDEF;
+  if (n > 0 && offset == HADDR_UNDEF) fail(file, "dataset " + name + " has no contiguous storage");
   if (!ds.close()) fail(file, "cannot close dataset " + name + " (disk full?)");
+  return n > 0 ? static_cast<std::uint64_t>(offset) : 0;
 }
 
 std::uint64_t dataset_size(hid_t loc, const std::string& name, const std::string& file) {

@@ -5,6 +5,8 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,36 +52,75 @@ Handle intermediate_groups();
 /// Turns off HDF5's automatic error printing (errors become CheckpointError messages instead).
 void quiet();
 
-/// An HDF5 file built in memory (core driver, no backing store): nothing touches the disk until
-/// write_image(). Sinew writes checkpoints this way so that an I/O error such as a full disk is met by its
-/// own POSIX code, cleanly, instead of inside HDF5 (whose half-flushed files crashed at process exit),
-/// and so that each file reaches the filesystem as one large sequential write.
-/// `path` only names the file in messages.
-Handle create_memory_file(const std::string& path);
-/// Writes the in-memory file `f` to `path` (created or truncated) and, with `sync`, fsyncs it. Throws
-/// CheckpointError naming `path` on any error (ENOSPC: "disk full").
 /// Size and CRC32 of a whole file's bytes.
 struct Digest {
   std::uint64_t size = 0;
   std::uint32_t crc32 = 0;
 };
-/// CRC32 (zlib) of a byte range.
-std::uint32_t crc32_bytes(const void* data, std::size_t n);
-/// Returns the digest of the bytes written.
-Digest write_image(hid_t f, const std::string& path, bool sync);
-/// Reads `path` whole (at most `max_size` bytes), checks it against `expected`, and opens it read-only
-/// from memory. HDF5 1.10 is not robust against corrupt files (fuzzing found a heap overflow inside
-/// H5Aexists within seconds), so Sinew never lets it parse bytes that fail their CRC32. Throws
-/// CheckpointError naming `path` for a missing, short, long or corrupt file.
-Handle open_verified(const std::string& path, const Digest& expected);
+/// CRC32 (the zlib/gzip polynomial, so zlib's crc32() gives the same value) of a byte range, continuing
+/// from `crc` (0 to start). Computed with ISA-L's carry-less-multiply code, several times zlib's speed.
+std::uint32_t crc32_bytes(const void* data, std::size_t n, std::uint32_t crc = 0);
+/// The CRC32 of two ranges one after the other, from the CRC32 of each and the second one's length.
+std::uint32_t crc32_combine(std::uint32_t first, std::uint32_t second, std::uint64_t second_size);
+
+/// Bytes in one malloc'd block: a file image HDF5 built.
+struct Image {
+  std::unique_ptr<char, void (*)(void*)> data{nullptr, std::free};
+  std::size_t size = 0;
+};
+
+/// An HDF5 file built in memory (core driver, no backing store): nothing touches the disk until the caller
+/// writes take()'s bytes. Sinew writes checkpoints this way so that an I/O error such as a full disk is met
+/// by its own POSIX code, cleanly, instead of inside HDF5 (whose half-flushed files crashed at process
+/// exit), and so that each file reaches the filesystem as one large sequential write. HDF5 builds the file
+/// in a buffer Sinew allocates and keeps: data written with H5Dwrite is copied once, into that buffer, and
+/// take() hands it over without a copy. `path` only names the file in messages; `size_hint` (bytes) is the
+/// size the file is expected to reach, to allocate once.
+class MemoryFile {
+ public:
+  explicit MemoryFile(const std::string& path, std::size_t size_hint = 0);
+  MemoryFile(const MemoryFile&) = delete;
+  MemoryFile& operator=(const MemoryFile&) = delete;
+  ~MemoryFile();
+  [[nodiscard]] hid_t get() const noexcept { return file_.get(); }
+  /// Flushes and closes the file; returns its bytes. Throws CheckpointError naming the file.
+  Image take();
+
+  struct Sink;  ///< where HDF5's memory callbacks keep the file's block (hdf5.cpp)
+
+ private:
+  std::unique_ptr<Sink> sink_;
+  Handle file_;
+  std::string path_;
+};
+
+/// Writes `n` bytes to `path` (created or truncated) and, with `sync`, fsyncs it. Throws CheckpointError
+/// naming `path` on any error (ENOSPC: "disk full").
+void write_file(const std::string& path, const void* data, std::size_t n, bool sync);
+/// MemoryFile::take(), then write_file(); returns the digest of the bytes written.
+Digest write_image(MemoryFile& f, const std::string& path, bool sync);
+
+/// An HDF5 file opened read-only over bytes in memory, without a copy: `bytes` must outlive `file`
+/// (members are destroyed in reverse order, so `file` closes first).
+struct OpenImage {
+  std::vector<char> bytes;
+  Handle file;
+  [[nodiscard]] hid_t get() const noexcept { return file.get(); }
+};
+/// Reads `path` whole (at most `expected.size` bytes), checks it against `expected`, and opens it
+/// read-only over the same buffer. HDF5 1.10 is not robust against corrupt files (fuzzing found a heap
+/// overflow inside H5Aexists within seconds), so Sinew never lets it parse bytes that fail their CRC32.
+/// Throws CheckpointError naming `path` for a missing, short, long or corrupt file.
+OpenImage open_verified(const std::string& path, const Digest& expected);
 /// fsync of a file or directory; throws CheckpointError naming it.
 void fsync_path(const std::string& path, bool directory);
 Handle open_file(const std::string& path);
 Handle create_group(hid_t loc, const std::string& name);
 
-/// A 1-D float dataset with the given contents.
-void write_floats(hid_t loc, const std::string& name, const float* data, std::size_t n,
-                  const std::string& file);
+/// A 1-D float dataset with the given contents, stored contiguously; returns the byte offset of its data in
+/// the file (0 for an empty one).
+std::uint64_t write_floats(hid_t loc, const std::string& name, const float* data, std::size_t n,
+                           const std::string& file);
 /// Size of a 1-D dataset; throws CheckpointError naming `file` if it is missing or not 1-D.
 std::uint64_t dataset_size(hid_t loc, const std::string& name, const std::string& file);
 void read_floats(hid_t loc, const std::string& name, float* out, std::size_t n, const std::string& file);

@@ -4,13 +4,15 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace sinew::checkpoint {
 
-/// Schema version written into every manifest; readers refuse versions they do not know.
-inline constexpr int kSchemaVersion = 1;
+/// Schema version written into every manifest (2: shard data offsets, commit record); readers read 1 and
+/// 2 and refuse versions they do not know.
+inline constexpr int kSchemaVersion = 2;
 
 /// A named, shaped view of a slice of one flat tensor, so that readers of the file can rebuild the model
 /// without Sinew ("model/fc1/weight" over part of "params"). Written into the manifest (views.hpp).
@@ -35,6 +37,36 @@ struct TrainingState {
   std::int32_t world_size = 0;       ///< ranks that wrote it
   std::string config_json;           ///< the run's configuration, as JSON
   std::vector<TensorView> views;     ///< per-layer views of the tensors (may be empty)
+  std::string model_json;            ///< the model's layers as JSON, for readers (may be empty)
 };
+
+/// One tensor of the state to save, by reference: either the whole tensor (the same on every rank, as the
+/// model in data-parallel training) or, with `per_rank`, this rank's block of a tensor whose blocks differ
+/// between ranks (the whole tensor is the blocks of all ranks in rank order, each of the same size).
+struct TensorRef {
+  std::span<const float> data;
+  bool per_rank = false;
+};
+/// The state to save without copying it first: `meta` holds every field but the tensors.
+struct StateRef {
+  TrainingState meta;
+  std::map<std::string, TensorRef> tensors;
+};
+/// A StateRef over `state`'s tensors (whole tensors); valid while `state` is.
+inline StateRef ref_of(const TrainingState& state) {
+  StateRef ref;
+  ref.meta.step = state.step;
+  ref.meta.epoch = state.epoch;
+  ref.meta.cursor = state.cursor;
+  ref.meta.dataset_size = state.dataset_size;
+  ref.meta.seed = state.seed;
+  ref.meta.optimizer_steps = state.optimizer_steps;
+  ref.meta.world_size = state.world_size;
+  ref.meta.config_json = state.config_json;
+  ref.meta.views = state.views;
+  ref.meta.model_json = state.model_json;
+  for (const auto& [name, v] : state.tensors) ref.tensors[name] = TensorRef{v, false};
+  return ref;
+}
 
 }  // namespace sinew::checkpoint

@@ -1,13 +1,19 @@
 #include "sinew/checkpoint/writer.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
-#include <fstream>
+#include <numeric>
+#include <system_error>
 
 #include "sinew/checkpoint/catalog.hpp"
 #include "sinew/checkpoint/hdf5.hpp"
 #include "sinew/checkpoint/reader.hpp"
 #include "sinew/checkpoint/schema.hpp"
+#include "sinew/checkpoint/views.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 
@@ -17,8 +23,6 @@ namespace sinew::checkpoint {
 
 namespace {
 
-using schema::crc32_of;
-using schema::tensor_names;
 using schema::write_meta;
 
 /// Element offsets of a tensor of `n` elements split over `world` ranks in contiguous, balanced slices.
@@ -34,32 +38,93 @@ void fault_point(const WriterOptions& o, fault::Point point, std::int64_t step) 
   if (o.faults != nullptr) o.faults->at(point, step);
 }
 
-/// The manifest, as a virtual dataset per tensor over the shard files (so h5py sees whole tensors).
-void write_manifest(const std::string& path, const TrainingState& st, const std::vector<std::string>& names,
-                    const std::vector<std::vector<std::uint32_t>>& crcs /* [rank][tensor] */,
-                    const std::vector<h5::Digest>& files /* [rank] */) {
+/// Empties the directory of a failed attempt but keeps it: its name stays taken, so that no later attempt
+/// reuses it (a name reused on a distributed filesystem can show the old entries to a client that looked
+/// them up before).
+void abandon(const std::string& path) {
+  std::error_code ec;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code rec;
+    fs::remove_all(it->path(), rec);
+  }
+}
+
+/// Creates `path` with an exclusive create, writes `text` and syncs it.
+void create_exclusive(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    SINEW_THROW(CheckpointError, "{}: cannot create: {}", path, std::generic_category().message(errno));
+  const ssize_t w = ::write(fd, text.data(), text.size());
+  const int err = errno;
+  const bool ok = w == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok) {
+    SINEW_THROW(CheckpointError, "{}: cannot write the commit record: {}", path,
+                w < 0 ? std::generic_category().message(err) : std::string("short write (disk full?)"));
+  }
+}
+
+}  // namespace
+
+/// What one save writes, and where.
+struct Writer::Plan {
+  TrainingState meta;                // every field but tensors
+  std::vector<std::string> names;    // tensor names, in name order (the manifest's)
+  std::vector<std::uint64_t> sizes;  // whole tensors' sizes, same order
+  std::string path;                  // the checkpoint directory of this attempt
+};
+
+/// This rank's shard file, built in memory.
+struct Writer::Shard {
+  h5::Image image;
+  std::vector<std::uint64_t> offsets;  // per tensor: byte offset of this rank's slice in the file
+  std::vector<std::uint64_t> bytes;    // per tensor: its length in bytes
+};
+
+Writer::Async::Async() = default;
+Writer::Async::~Async() = default;
+
+struct Writer::Gathered {
+  SaveResult res;
+  std::vector<std::vector<std::uint32_t>> crcs;     // per rank, per tensor
+  std::vector<std::vector<std::uint64_t>> offsets;  // per rank, per tensor: byte offset in the shard
+  std::vector<h5::Digest> files;                    // per rank: shard file size and CRC32
+};
+
+namespace {
+
+/// The manifest: the run's metadata, where every tensor slice lies and its checksums, and a virtual
+/// dataset per tensor over the shard files (so h5py sees whole tensors). Returns its digest.
+h5::Digest write_manifest(const std::string& path, const TrainingState& st,
+                          const std::vector<std::string>& names, const std::vector<std::uint64_t>& sizes,
+                          const std::vector<std::vector<std::uint32_t>>& crcs /* [rank][tensor] */,
+                          const std::vector<std::vector<std::uint64_t>>& data_offsets /* [rank][tensor] */,
+                          const std::vector<h5::Digest>& files /* [rank] */) {
   const int world = st.world_size;
-  h5::Handle f = h5::create_memory_file(path);
+  h5::MemoryFile f(path);
   write_meta(f.get(), st, names, path);
-  std::vector<std::uint64_t> sizes;
+  std::vector<std::uint64_t> file_sizes;
   std::vector<std::uint32_t> file_crcs;
   for (const auto& d : files) {
-    sizes.push_back(d.size);
+    file_sizes.push_back(d.size);
     file_crcs.push_back(d.crc32);
   }
-  h5::write_attr(f.get(), "shard_file_sizes", sizes, path);
+  h5::write_attr(f.get(), "shard_file_sizes", file_sizes, path);
   h5::write_attr(f.get(), "shard_file_crc32", file_crcs, path);
   for (std::size_t t = 0; t < names.size(); ++t) {
-    const auto n = static_cast<std::uint64_t>(st.tensors.at(names[t]).size());
+    const std::uint64_t n = sizes[t];
     const auto off = shard_offsets(n, world);
     std::vector<std::uint32_t> tensor_crcs(static_cast<std::size_t>(world));
+    std::vector<std::uint64_t> tensor_data(static_cast<std::size_t>(world));
     const hsize_t dims = n;
     h5::Handle vspace(H5Screate_simple(1, &dims, nullptr), H5Sclose);
     h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     for (int r = 0; r < world; ++r) {
-      tensor_crcs[static_cast<std::size_t>(r)] = crcs[static_cast<std::size_t>(r)][t];
-      const hsize_t start = off[static_cast<std::size_t>(r)];
-      const hsize_t count = off[static_cast<std::size_t>(r) + 1] - start;
+      const auto ri = static_cast<std::size_t>(r);
+      tensor_crcs[ri] = crcs[ri][t];
+      tensor_data[ri] = data_offsets[ri][t];
+      const hsize_t start = off[ri];
+      const hsize_t count = off[ri + 1] - start;
       if (count == 0) continue;
       h5::Handle sel(H5Scopy(vspace.get()), H5Sclose);
       H5Sselect_hyperslab(sel.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
@@ -78,53 +143,15 @@ void write_manifest(const std::string& path, const TrainingState& st, const std:
     h5::write_attr(ds.get(), "size", n, path);
     h5::write_attr(ds.get(), "shard_offsets", off, path);
     h5::write_attr(ds.get(), "shard_crc32", tensor_crcs, path);
+    h5::write_attr(ds.get(), "shard_data_offsets", tensor_data, path);
   }
-  const h5::Digest d = h5::write_image(f.get(), path, /*sync=*/true);
-  // The manifest's own size and CRC32, in a one-line text file beside it: checked before HDF5 parses it.
-  const std::string side = (fs::path(path).parent_path() / kManifestChecksumFile).string();
-  {
-    std::ofstream out(side, std::ios::trunc);
-    out << fmt::format("{:08x} {}\n", d.crc32, d.size);
-    out.flush();
-    if (!out) SINEW_THROW(CheckpointError, "{}: cannot write (disk full?)", side);
-  }
-  h5::fsync_path(side, false);
-}
-
-/// Writes this rank's shard and makes it durable; returns the CRC32 of each tensor slice.
-std::vector<std::uint32_t> write_shard(const std::string& path, const TrainingState& st,
-                                       const std::vector<std::string>& names, int rank,
-                                       const WriterOptions& o, std::uint64_t& bytes, h5::Digest& digest) {
-  fault_point(o, fault::Point::kBeforeShardData, st.step);
-  std::vector<std::uint32_t> crcs;
-  {
-    h5::Handle f = h5::create_memory_file(path);
-    write_meta(f.get(), st, names, path);
-    h5::write_attr(f.get(), "rank", static_cast<std::int64_t>(rank), path);
-    for (const auto& name : names) {
-      const auto& full = st.tensors.at(name);
-      const auto off = shard_offsets(full.size(), st.world_size);
-      const std::size_t begin = off[static_cast<std::size_t>(rank)];
-      const std::size_t count = off[static_cast<std::size_t>(rank) + 1] - begin;
-      h5::write_floats(f.get(), "tensors/" + name, full.data() + begin, count, path);
-      crcs.push_back(crc32_of(full.data() + begin, count));
-      bytes += count * sizeof(float);
-    }
-    digest = h5::write_image(f.get(), path, /*sync=*/false);
-    fault_point(o, fault::Point::kAfterShardData, st.step);
-  }
-  fault_point(o, fault::Point::kBeforeFsync, st.step);
-  h5::fsync_path(path, false);
-  return crcs;
+  std::map<std::string, std::uint64_t> tensor_sizes;
+  for (std::size_t t = 0; t < names.size(); ++t) tensor_sizes[names[t]] = sizes[t];
+  write_views(f.get(), st.views, tensor_sizes, path, st.model_json);
+  return h5::write_image(f, path, /*sync=*/true);
 }
 
 }  // namespace
-
-struct Writer::Gathered {
-  SaveResult res;
-  std::vector<std::vector<std::uint32_t>> crcs;  // per rank, per tensor
-  std::vector<h5::Digest> files;                 // per rank: shard file size and CRC32
-};
 
 Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
     : dir_(std::move(dir)), backend_(backend), opts_(opts) {
@@ -133,9 +160,9 @@ Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
   if (backend_.rank() == 0) {
     try {
       fs::create_directories(dir_);
-      for (const auto& e : fs::directory_iterator(dir_)) {
-        const std::string n = e.path().filename().string();
-        if (e.is_directory() && step_of(n, /*partial=*/true)) fs::remove_all(e.path());
+      for (const auto& e : scan_uncommitted(dir_)) {
+        if (const auto n = parse_name(fs::path(e.path).filename().string()); n && n->partial)
+          fs::remove_all(e.path);
       }
     } catch (const fs::filesystem_error& e) {
       ok = 0;
@@ -149,122 +176,212 @@ Writer::Writer(std::string dir, comm::Backend& backend, WriterOptions opts)
   }
 }
 
-bool Writer::prepare(const TrainingState& state) {
-  SINEW_ENFORCE_EQ(state.world_size, backend_.size(),
+std::unique_ptr<Writer::Plan> Writer::prepare(const StateRef& state) {
+  SINEW_ENFORCE_EQ(state.meta.world_size, backend_.size(),
                    "TrainingState.world_size must be the writing group's size");
-  const std::string final_dir = checkpoint_path(dir_, state.step);
-  const std::string partial = partial_path(dir_, state.step);
-  // Rank 0 prepares the .partial directory; everyone learns the outcome.
-  std::int64_t prep = 0;  // 0 go, 1 already committed, 2 error
+  // Rank 0 picks a directory name never used before and creates it; everyone learns the outcome.
+  std::int64_t prep[2] = {0, 1};  // {0 go, 1 already committed, 2 error; attempt}
   std::string why;
   if (backend_.rank() == 0) {
     try {
-      if (fs::exists(final_dir) && verify(final_dir).empty()) {
-        prep = 1;  // this step is already committed and intact
-      } else {
-        // A damaged checkpoint of this step (resume fell back past it) is replaced, never kept.
-        fs::remove_all(final_dir);
-        fs::remove_all(partial);
-        fs::create_directories(partial);
+      for (int attempt = 1;; ++attempt) {
+        const std::string path = checkpoint_path(dir_, state.meta.step, attempt);
+        if (fs::create_directory(path)) {
+          prep[1] = attempt;
+          break;
+        }
+        // Taken: by a committed checkpoint of this step that is intact (nothing to do), or by one that
+        // is damaged or a failed attempt (a resume fell back past it): the next name is tried.
+        if (is_committed(path) && verify(path).empty()) {
+          prep[0] = 1;
+          prep[1] = attempt;
+          break;
+        }
       }
     } catch (const fs::filesystem_error& e) {
-      prep = 2;
+      prep[0] = 2;
       why = e.what();
     }
   }
-  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(&prep, 1)), 0, opts_.op);
-  if (prep == 2)
-    SINEW_THROW(CheckpointError, "cannot create {}: {}", partial, why.empty() ? "see rank 0" : why);
-  return prep == 0;
+  backend_.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(prep, 2)), 0, opts_.op);
+  const std::string path = checkpoint_path(dir_, state.meta.step, static_cast<int>(prep[1]));
+  if (prep[0] == 2)
+    SINEW_THROW(CheckpointError, "cannot create {}: {}", path, why.empty() ? "see rank 0" : why);
+  if (prep[0] == 1) return nullptr;
+  auto plan = std::make_unique<Plan>();
+  plan->meta = state.meta;
+  plan->path = path;
+  for (const auto& [name, ref] : state.tensors) {
+    plan->names.push_back(name);
+    plan->sizes.push_back(ref.per_rank ? ref.data.size() * static_cast<std::uint64_t>(backend_.size())
+                                       : ref.data.size());
+  }
+  // The names are checked like a TrainingState's (no empty names, no newlines, no leading '/').
+  TrainingState names_only;
+  for (const auto& n : plan->names) names_only.tensors[n];
+  schema::tensor_names(names_only);
+  return plan;
 }
 
-Writer::Local Writer::write_local(const TrainingState& state) const {
-  const int rank = backend_.rank();
-  const std::string partial = partial_path(dir_, state.step);
+std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& state) const {
+  const int rank = backend_.rank(), world = backend_.size();
+  const std::string file = (fs::path(plan.path) / shard_name(rank, world)).string();
+  auto shard = std::make_unique<Shard>();
+  std::size_t bytes = 0;
+  std::vector<std::pair<const float*, std::size_t>> slices;
+  for (std::size_t t = 0; t < plan.names.size(); ++t) {
+    const TensorRef& ref = state.tensors.at(plan.names[t]);
+    const auto off = shard_offsets(plan.sizes[t], world);
+    const std::size_t begin = off[static_cast<std::size_t>(rank)];
+    const std::size_t count = off[static_cast<std::size_t>(rank) + 1] - begin;
+    // A per-rank tensor's slice for this rank is exactly this rank's block (its size is world x block).
+    SINEW_ENFORCE(!ref.per_rank || count == ref.data.size(),
+                  "per-rank tensor blocks must have the same size");
+    slices.emplace_back(ref.per_rank ? ref.data.data() : ref.data.data() + begin, count);
+    bytes += count * sizeof(float);
+  }
+  h5::MemoryFile f(file, bytes);
+  write_meta(f.get(), plan.meta, plan.names, file);
+  h5::write_attr(f.get(), "rank", static_cast<std::int64_t>(rank), file);
+  for (std::size_t t = 0; t < plan.names.size(); ++t) {
+    const auto [data, count] = slices[t];
+    shard->offsets.push_back(h5::write_floats(f.get(), "tensors/" + plan.names[t], data, count, file));
+    shard->bytes.push_back(count * sizeof(float));
+  }
+  shard->image = f.take();
+  return shard;
+}
+
+Writer::Local Writer::write_local(const Plan& plan, Shard& shard) const {
+  const std::string file = (fs::path(plan.path) / shard_name(backend_.rank(), backend_.size())).string();
   Local out;
   try {
-    h5::Digest digest;
-    out.crcs = write_shard((fs::path(partial) / shard_name(rank, backend_.size())).string(), state,
-                           tensor_names(state), rank, opts_, out.bytes, digest);
-    out.file_size = digest.size;
-    out.file_crc32 = digest.crc32;
+    fault_point(opts_, fault::Point::kBeforeShardData, plan.meta.step);
+    // One pass of CRC32 over the image: the tensor slices' CRC32s are computed on their own and combined
+    // with the bytes between them into the whole file's.
+    const char* img = shard.image.data.get();
+    const std::size_t size = shard.image.size;
+    std::vector<std::size_t> order(plan.names.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return shard.offsets[a] < shard.offsets[b]; });
+    out.crcs.assign(plan.names.size(), 0);
+    std::uint32_t crc = 0;
+    std::uint64_t pos = 0;
+    for (const std::size_t t : order) {
+      if (shard.bytes[t] == 0) continue;
+      crc = h5::crc32_bytes(img + pos, shard.offsets[t] - pos, crc);
+      out.crcs[t] = h5::crc32_bytes(img + shard.offsets[t], shard.bytes[t]);
+      crc = h5::crc32_combine(crc, out.crcs[t], shard.bytes[t]);
+      pos = shard.offsets[t] + shard.bytes[t];
+    }
+    crc = h5::crc32_bytes(img + pos, size - pos, crc);
+    h5::write_file(file, img, size, /*sync=*/false);
+    fault_point(opts_, fault::Point::kAfterShardData, plan.meta.step);
+    fault_point(opts_, fault::Point::kBeforeFsync, plan.meta.step);
+    h5::fsync_path(file, false);
+    out.bytes = std::accumulate(shard.bytes.begin(), shard.bytes.end(), std::uint64_t{0});
+    out.data_offsets = shard.offsets;
+    out.file_size = size;
+    out.file_crc32 = crc;
     out.ok = true;
   } catch (const Error& e) {
     out.why = e.message();
   } catch (const std::exception& e) {
     out.why = e.what();
   }
+  shard.image = {};  // the memory goes as soon as the bytes are written
   return out;
 }
 
-Writer::Gathered Writer::gather(const TrainingState& state, const Local& local, double write_ms) {
+Writer::Gathered Writer::gather(const Plan& plan, const Local& local, double write_ms) {
   const int world = backend_.size();
-  const auto names = tensor_names(state);
+  const std::size_t nt = plan.names.size();
   Gathered g;
-  g.res.step = state.step;
-  g.res.path = checkpoint_path(dir_, state.step);
+  g.res.step = plan.meta.step;
+  g.res.path = plan.path;
   g.res.write_ms = write_ms;
   // Failures are agreed on, never left one-sided: every rank learns every rank's outcome and checksums.
-  constexpr std::size_t kHead = 4;  // ok, bytes, shard file size, shard file crc; then a crc per tensor
-  std::vector<std::uint64_t> mine(names.size() + kHead, 0);
+  // Row: ok, bytes, shard file size, shard file crc; a crc per tensor; a data offset per tensor.
+  constexpr std::size_t kHead = 4;
+  std::vector<std::uint64_t> mine(kHead + 2 * nt, 0);
   mine[0] = local.ok ? 1 : 0;
   mine[1] = local.bytes;
   mine[2] = local.file_size;
   mine[3] = local.file_crc32;
-  std::copy(local.crcs.begin(), local.crcs.end(), mine.begin() + kHead);
+  if (local.ok) {
+    std::copy(local.crcs.begin(), local.crcs.end(), mine.begin() + kHead);
+    std::copy(local.data_offsets.begin(), local.data_offsets.end(),
+              mine.begin() + static_cast<std::ptrdiff_t>(kHead + nt));
+  }
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(world));
   backend_.allgather_sync(comm::Buffer::of(std::span<std::uint64_t>(mine)),
                           comm::Buffer::of(std::span<std::uint64_t>(all)), opts_.op);
   int failed = 0;
   g.crcs.resize(static_cast<std::size_t>(world));
+  g.offsets.resize(static_cast<std::size_t>(world));
   g.files.resize(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
-    const std::uint64_t* row = all.data() + mine.size() * static_cast<std::size_t>(r);
+    const auto ri = static_cast<std::size_t>(r);
+    const std::uint64_t* row = all.data() + mine.size() * ri;
     if (row[0] != 1) ++failed;
     g.res.bytes += row[1];
-    g.files[static_cast<std::size_t>(r)] = {row[2], static_cast<std::uint32_t>(row[3])};
-    for (std::size_t t = 0; t < names.size(); ++t) {
-      g.crcs[static_cast<std::size_t>(r)].push_back(static_cast<std::uint32_t>(row[kHead + t]));
+    g.files[ri] = {row[2], static_cast<std::uint32_t>(row[3])};
+    for (std::size_t t = 0; t < nt; ++t) {
+      g.crcs[ri].push_back(static_cast<std::uint32_t>(row[kHead + t]));
+      g.offsets[ri].push_back(row[kHead + nt + t]);
     }
   }
   if (failed > 0) {
-    if (backend_.rank() == 0) {
-      std::error_code ec;
-      fs::remove_all(partial_path(dir_, state.step), ec);
-    }
-    SINEW_THROW(CheckpointError,
-                "checkpoint of step {} not written: {} of {} ranks failed to write their shard{}", state.step,
-                failed, world, local.why.empty() ? std::string() : " (this rank: " + local.why + ")");
+    if (backend_.rank() == 0) abandon(plan.path);
+    SINEW_THROW(
+        CheckpointError, "checkpoint of step {} not written: {} of {} ranks failed to write their shard{}",
+        plan.meta.step, failed, world, local.why.empty() ? std::string() : " (this rank: " + local.why + ")");
   }
   return g;
 }
 
-std::string Writer::commit_local(const TrainingState& state, const Gathered& g) const {
-  const std::string partial = partial_path(dir_, state.step);
+std::string Writer::commit_local(const Plan& plan, const Gathered& g) const {
   std::string why;
   try {
-    fault_point(opts_, fault::Point::kBeforeManifest, state.step);
-    write_manifest((fs::path(partial) / kManifestFile).string(), state, tensor_names(state), g.crcs, g.files);
-    h5::fsync_path(partial, true);
-    fault_point(opts_, fault::Point::kBeforeRename, state.step);
-    fs::rename(partial, g.res.path);
-    h5::fsync_path(dir_, true);
+    fault_point(opts_, fault::Point::kBeforeManifest, plan.meta.step);
+    const h5::Digest d = write_manifest((fs::path(plan.path) / kManifestFile).string(), plan.meta, plan.names,
+                                        plan.sizes, g.crcs, g.offsets, g.files);
+    h5::fsync_path(plan.path, true);
+    fault_point(opts_, fault::Point::kBeforeCommit, plan.meta.step);
+    // The commit: the record is created last, exclusively, and synced with its directory.
+    create_exclusive((fs::path(plan.path) / kCommitFile).string(),
+                     fmt::format("{} {:08x} {}\n", kManifestFile, d.crc32, d.size));
+    h5::fsync_path(plan.path, true);
   } catch (const Error& e) {
     why = e.message();
   } catch (const fs::filesystem_error& e) {
     why = e.what();
   }
   if (!why.empty()) {
-    std::error_code ec;
-    fs::remove_all(partial, ec);
+    abandon(plan.path);
     return why;
   }
-  // Prune: keep the newest `keep` committed checkpoints.
+  // Prune: keep the newest `keep` committed checkpoints that pass a quick check (manifest intact, every
+  // shard file present with its size), and everything newer than the oldest of them; remove what is
+  // older. A checkpoint newer than the newest good one is never removed.
   if (opts_.keep > 0) {
-    auto entries = scan(dir_, /*check=*/false);
-    for (std::size_t i = static_cast<std::size_t>(opts_.keep); i < entries.size(); ++i) {
-      std::error_code ec;
-      fs::remove_all(entries[i].path, ec);
+    int good = 0;
+    std::int64_t oldest_kept = -1;
+    for (const auto& e : scan(dir_, /*check=*/false)) {
+      if (quick_check(e.path).empty() && ++good == opts_.keep) {
+        oldest_kept = e.step;
+        break;
+      }
+    }
+    if (oldest_kept >= 0) {
+      auto older = scan(dir_, /*check=*/false);
+      const auto uncommitted = scan_uncommitted(dir_);
+      older.insert(older.end(), uncommitted.begin(), uncommitted.end());
+      for (const auto& e : older) {
+        std::error_code ec;
+        if (e.step < oldest_kept) fs::remove_all(e.path, ec);
+      }
     }
   }
   return {};
@@ -280,36 +397,55 @@ SaveResult Writer::announce(SaveResult res, const std::string& why) {
   return res;
 }
 
-SaveResult Writer::save(const TrainingState& state) {
+SaveResult Writer::save(const TrainingState& state) { return save(ref_of(state)); }
+
+SaveResult Writer::save(const StateRef& state) {
   finish_async();
   const auto t0 = Clock::now();
-  if (!prepare(state)) {
+  const auto plan = prepare(state);
+  if (!plan) {
     SaveResult res;
-    res.step = state.step;
-    res.path = checkpoint_path(dir_, state.step);
+    res.step = state.meta.step;
+    res.path = checkpoint_path(dir_, state.meta.step);
     res.skipped = true;
     return res;
   }
-  const Local local = write_local(state);
-  Gathered g = gather(state, local, seconds_since(t0) * 1e3);
+  Local local;
+  try {
+    auto shard = build(*plan, state);
+    local = write_local(*plan, *shard);
+  } catch (const Error& e) {
+    local.why = e.message();
+  }
+  Gathered g = gather(*plan, local, seconds_since(t0) * 1e3);
   const auto t1 = Clock::now();
-  const std::string why = backend_.rank() == 0 ? commit_local(state, g) : std::string();
+  const std::string why = backend_.rank() == 0 ? commit_local(*plan, g) : std::string();
   g.res.commit_ms = seconds_since(t1) * 1e3;
   return announce(g.res, why);
 }
 
-bool Writer::save_async(TrainingState state) {
+bool Writer::save_async(const StateRef& state) {
   finish_async();
-  if (!prepare(state)) return false;
+  auto plan = prepare(state);
+  if (!plan) return false;
   auto job = std::make_unique<Async>();
-  job->state = std::move(state);
   job->start = Clock::now();
+  try {
+    job->shard = build(*plan, state);
+  } catch (const Error& e) {
+    job->local.why = e.message();  // reported at the gather, on every rank
+  }
+  job->plan = std::move(plan);
   Async* j = job.get();
-  job->thread = std::thread([this, j] {
-    j->local = write_local(j->state);
-    j->write_ms = seconds_since(j->start) * 1e3;
+  if (j->shard) {
+    job->thread = std::thread([this, j] {
+      j->local = write_local(*j->plan, *j->shard);
+      j->write_ms = seconds_since(j->start) * 1e3;
+      j->done.store(true, std::memory_order_release);
+    });
+  } else {
     j->done.store(true, std::memory_order_release);
-  });
+  }
   async_ = std::move(job);
   return true;
 }
@@ -319,10 +455,10 @@ std::optional<SaveResult> Writer::progress_async() {
   Async& j = *async_;
   if (j.thread.joinable()) j.thread.join();
   if (!j.gathered) {
-    // Every shard is durable: rank 0 writes the manifest and renames in the background, so its fsyncs
-    // stay off the training thread. The others learn the outcome at the next call.
+    // Every shard is durable: rank 0 writes the manifest and the commit record in the background, so its
+    // fsyncs stay off the training thread. The others learn the outcome at the next call.
     try {
-      j.gathered = std::make_unique<Gathered>(gather(j.state, j.local, j.write_ms));
+      j.gathered = std::make_unique<Gathered>(gather(*j.plan, j.local, j.write_ms));
     } catch (...) {
       async_.reset();
       throw;
@@ -331,7 +467,7 @@ std::optional<SaveResult> Writer::progress_async() {
       j.done.store(false, std::memory_order_release);
       j.commit_start = Clock::now();
       j.thread = std::thread([this, &j] {
-        j.why = commit_local(j.state, *j.gathered);
+        j.why = commit_local(*j.plan, *j.gathered);
         j.commit_ms = seconds_since(j.commit_start) * 1e3;
         j.done.store(true, std::memory_order_release);
       });
@@ -351,9 +487,8 @@ std::optional<SaveResult> Writer::finish_async() {
 }
 
 Writer::~Writer() {
-  // A write still in flight finishes its local part; without the collective commit it stays .partial
-  // and is never loaded (the next Writer on this directory removes it). A commit in flight on rank 0
-  // completes: every shard of it is already durable.
+  // A write still in flight finishes its local part; without the collective commit it has no commit
+  // record and is never loaded. A commit in flight on rank 0 completes: every shard of it is durable.
   if (async_ && async_->thread.joinable()) async_->thread.join();
 }
 

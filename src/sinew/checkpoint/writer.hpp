@@ -1,20 +1,25 @@
-// Writing HDF5 checkpoints: sharded parallel write, atomic commit, optionally in the background.
+// Writing HDF5 checkpoints: sharded parallel write, a commit that holds on distributed filesystems,
+// optionally in the background.
 //
-// Every rank writes its own shard file with plain serial HDF5, concurrently, then fsyncs it. A rank dying
-// mid-write cannot hang the others inside an MPI-IO collective (which ULFM does not cover): the only
-// collectives are the backend's small ones (agreeing on success, gathering checksums), which have
-// deadlines. Rank 0 then writes the manifest into the .partial directory, fsyncs it, and renames the
-// directory to its final name: the checkpoint exists exactly when that rename is done. The names of the
-// directories and files are catalog.hpp's (docs/checkpoint-format.md has the full schema).
+// Every rank builds its own shard file in memory with plain serial HDF5 (its slice of each tensor copied
+// once, straight from the live state into the file image), then writes and fsyncs it, concurrently with the
+// others. A rank dying mid-write cannot hang the others inside an MPI-IO collective (which ULFM does not
+// cover): the only collectives are the backend's small ones (agreeing on success, gathering checksums),
+// which have deadlines. Rank 0 then writes the manifest, fsyncs it, and creates the commit record last,
+// with an exclusive create: the checkpoint exists exactly when that record does. Nothing is renamed, and a
+// directory name is never used twice (a failed attempt at step N leaves its empty directory behind and
+// the next attempt writes "ckpt-N.2"): both are unsafe on GlusterFS. The names of the directories and
+// files are catalog.hpp's (docs/checkpoint-format.md has the full schema).
 //
 // Fault injection (core/fault.hpp): with WriterOptions::faults, a save calls the plan at the points
 // before-shard-data, after-shard-data and before-fsync on every rank, and before-manifest and
-// before-rename on the committing rank (rank 0 of the backend), each with the step of the checkpoint.
+// before-commit on the committing rank (rank 0 of the backend), each with the step of the checkpoint.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,13 +43,13 @@ struct SaveResult {
   std::string path;         ///< the committed directory
   std::uint64_t bytes = 0;  ///< bytes of tensor data written by all ranks
   double write_ms = 0;      ///< until every shard was durable
-  double commit_ms = 0;     ///< manifest + rename
+  double commit_ms = 0;     ///< manifest + commit record
   bool skipped = false;     ///< a checkpoint of this step already existed
 };
 
 class Writer {
  public:
-  /// `dir` is created if missing (by rank 0). Removes abandoned .partial directories.
+  /// `dir` is created if missing (by rank 0). Removes the .partial directories earlier versions abandoned.
   Writer(std::string dir, comm::Backend& backend, WriterOptions opts = {});
 
   Writer(const Writer&) = delete;
@@ -52,18 +57,21 @@ class Writer {
   ~Writer();
 
   /// Collective: writes `state` (the same on every rank, as in data-parallel training), commits it
-  /// atomically and prunes old checkpoints. Throws CheckpointError (every rank) if any rank failed to
-  /// write; the previous checkpoints stay valid. Throws CommFailure/Timeout if a peer died. Completes an
+  /// and prunes old checkpoints. Throws CheckpointError (every rank) if any rank failed to write; the
+  /// previous checkpoints stay valid. Throws CommFailure/Timeout if a peer died. Completes an
   /// asynchronous save in flight first.
   SaveResult save(const TrainingState& state);
+  SaveResult save(const StateRef& state);
 
-  /// Collective: starts an asynchronous save of `state` (a snapshot the writer now owns). It goes through
-  /// two background stages, each started by progress_async() once every rank is ready for it: each rank
-  /// writes and syncs its shard on a background thread while training goes on; then (after a small
-  /// collective that gathers the shards' checksums) rank 0 writes the manifest, syncs it and renames the
-  /// directory on a background thread. At most one save is in flight: a save in flight is completed
-  /// first. Returns false if this step is already committed.
-  bool save_async(TrainingState state);
+  /// Collective: starts an asynchronous save of `state`. This rank's shard is built in memory before it
+  /// returns (the one copy of its slice of the state: `state` may change afterwards). The rest goes
+  /// through two background stages, each started by progress_async() once every rank is ready for it:
+  /// each rank computes its shard's CRC32, writes and syncs it on a background thread while training goes
+  /// on; then (after a small collective that gathers the shards' checksums) rank 0 writes the manifest,
+  /// syncs it and creates the commit record on a background thread. At most one save is in flight: a save
+  /// in flight is completed first. Returns false if this step is already committed.
+  bool save_async(const StateRef& state);
+  bool save_async(const TrainingState& state) { return save_async(ref_of(state)); }
   /// Local: whether this rank's part of the current stage is done, so that progress_async() will not
   /// wait (the caller agrees on it with the group first).
   [[nodiscard]] bool async_ready() const noexcept {
@@ -80,17 +88,21 @@ class Writer {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
+  struct Shard;   // this rank's shard, built in memory (writer.cpp)
   struct Local {  // one rank's shard write
     bool ok = false;
     std::uint64_t bytes = 0;
     std::uint64_t file_size = 0;
     std::uint32_t file_crc32 = 0;
-    std::vector<std::uint32_t> crcs;
+    std::vector<std::uint32_t> crcs;          // per tensor slice
+    std::vector<std::uint64_t> data_offsets;  // per tensor slice: byte offset in the shard file
     std::string why;
   };
+  struct Plan;      // what one save writes where (writer.cpp)
   struct Gathered;  // every rank's outcome and checksums, agreed on (writer.cpp)
   struct Async {
-    TrainingState state;
+    std::unique_ptr<Plan> plan;
+    std::unique_ptr<Shard> shard;
     Local local;
     double write_ms = 0;
     std::chrono::steady_clock::time_point start, commit_start;
@@ -99,12 +111,17 @@ class Writer {
     std::unique_ptr<Gathered> gathered;  // set once the shards are written: stage two (rank 0 commits)
     std::string why;                     // rank 0: why the commit failed (empty: committed)
     double commit_ms = 0;
+    Async();
+    ~Async();
   };
-  bool prepare(const TrainingState& state);             // collective; false: already committed
-  Local write_local(const TrainingState& state) const;  // local I/O only
-  Gathered gather(const TrainingState& state, const Local& local, double write_ms);  // collective
-  /// Rank 0, local: manifest, fsyncs, rename, prune. Returns why it failed, empty if committed.
-  [[nodiscard]] std::string commit_local(const TrainingState& state, const Gathered& g) const;
+  /// Collective: picks the directory of this save; nullptr if the step is already committed.
+  std::unique_ptr<Plan> prepare(const StateRef& state);
+  /// Local: builds this rank's shard in memory (the one copy of its slice of the state).
+  std::unique_ptr<Shard> build(const Plan& plan, const StateRef& state) const;
+  Local write_local(const Plan& plan, Shard& shard) const;                 // local I/O only
+  Gathered gather(const Plan& plan, const Local& local, double write_ms);  // collective
+  /// Rank 0, local: manifest, fsyncs, commit record, prune. Returns why it failed, empty if committed.
+  [[nodiscard]] std::string commit_local(const Plan& plan, const Gathered& g) const;
   SaveResult announce(SaveResult res, const std::string& why);  // collective: rank 0's outcome
 
   std::string dir_;

@@ -37,7 +37,7 @@ enum class Point : std::uint8_t {
   kAfterShardData,
   kBeforeFsync,
   kBeforeManifest,
-  kBeforeRename,
+  kBeforeCommit,
 };
 
 inline constexpr NameTable<Point, 12> kPointNames{{
@@ -52,7 +52,7 @@ inline constexpr NameTable<Point, 12> kPointNames{{
     {Point::kAfterShardData, "after-shard-data"},
     {Point::kBeforeFsync, "before-fsync"},
     {Point::kBeforeManifest, "before-manifest"},
-    {Point::kBeforeRename, "before-rename"},
+    {Point::kBeforeCommit, "before-commit"},
 }};
 
 struct Fault {

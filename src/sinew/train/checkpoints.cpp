@@ -1,9 +1,12 @@
 #include "sinew/train/checkpoints.hpp"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <limits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,9 +37,7 @@ void CheckpointPolicy::save(Fabric& fabric, const char* why, bool async) {
   if (writer == nullptr) return;
   try {
     fabric.algorithm().consensus();  // one model: decentralized ranks' models differ between consensus points
-    auto snap = [&] {
-      return state_.snapshot(fabric.algorithm(), fabric.rank(), fabric.size(), config_json_);
-    };
+    auto snap = [&] { return state_.snapshot_ref(fabric.algorithm(), fabric.size(), config_json_); };
     if (async) {
       if (writer->save_async(snap())) pending_reason_ = why;
       return;
@@ -87,48 +88,104 @@ void CheckpointPolicy::failed(Fabric& fabric, const std::string& why, const std:
     spdlog::error("checkpoint failed at step {}, training goes on: {}", e.step, message);
 }
 
+namespace {
+
+/// Rank 0's choice, a path (empty: none), made known to every rank.
+std::string broadcast_path(comm::Backend& backend, const comm::Options& op, std::string path) {
+  std::vector<std::uint8_t> buf(4096, 0);  // NUL-terminated
+  std::copy_n(path.begin(), std::min(path.size(), buf.size() - 1), buf.begin());
+  backend.broadcast_sync(comm::Buffer::of(std::span<std::uint8_t>(buf)), 0, op);
+  return reinterpret_cast<const char*>(buf.data());
+}
+
+}  // namespace
+
+std::string CheckpointPolicy::choose(Fabric& fabric, ResumeEvent& ev, std::int64_t below_step) {
+  std::string path;
+  if (fabric.rank() != 0) return broadcast_path(fabric.backend(), op_, path);
+  const auto search_start = Clock::now();
+  checkpoint::FindOptions fo;
+  fo.wait_s = cfg_.resume_wait_s;
+  fo.quick = true;  // the data is verified as it is loaded
+  fo.below_step = below_step;
+  fo.on_wait = [&](const checkpoint::Entry& e) {
+    std::string names;
+    for (const auto& m : e.missing) names += (names.empty() ? "" : ", ") + m;
+    spdlog::warn(
+        "resume: {}: {} file{} missing: {} (a storage server down?); waiting up to {:.0f} s for them "
+        "(--resume-wait)",
+        e.path, e.missing.size(), e.missing.size() == 1 ? "" : "s", names, cfg_.resume_wait_s);
+  };
+  fo.on_found = [](const checkpoint::Entry& e, double waited) {
+    spdlog::info("resume: {}: the missing files reappeared after {:.1f} s", e.path, waited);
+  };
+  auto latest = checkpoint::find_latest(cfg_.checkpoint_dir, fo);
+  ev.waited_s += seconds_since(search_start);
+  for (const auto& e : latest.skipped) {
+    spdlog::warn("resume: skipping {}: {}", e.path, e.reason);
+    ev.skipped.push_back({{"path", e.path}, {"reason", e.reason}, {"missing", e.missing}});
+    if (checkpoint::is_committed(e.path)) newest_committed_ = std::max(newest_committed_, e.step);
+  }
+  if (latest.found) path = latest.found->path;
+  return broadcast_path(fabric.backend(), op_, path);
+}
+
 bool CheckpointPolicy::resume(Fabric& fabric) {
   if (cfg_.resume == "never" || (cfg_.resume == "auto" && cfg_.checkpoint_dir.empty())) return false;
   auto& backend = fabric.backend();
-  std::string path;
+  const bool automatic = cfg_.resume == "auto";
   ResumeEvent ev;
-  if (cfg_.resume == "auto") {
-    if (fabric.rank() == 0) {
-      auto latest = checkpoint::find_latest(cfg_.checkpoint_dir);
-      for (const auto& e : latest.skipped) {
-        spdlog::warn("resume: skipping {}: {}", e.path, e.reason);
-        ev.skipped.push_back({{"path", e.path}, {"reason", e.reason}});
-      }
-      if (latest.found) path = latest.found->path;
-    }
-    std::vector<std::uint8_t> buf(4096, 0);  // the chosen path, NUL-terminated
-    std::copy_n(path.begin(), std::min(path.size(), buf.size() - 1), buf.begin());
-    backend.broadcast_sync(comm::Buffer::of(std::span<std::uint8_t>(buf)), 0, op_);
-    path.assign(reinterpret_cast<const char*>(buf.data()));
+  newest_committed_ = -1;
+  std::string path = automatic ? choose(fabric, ev, std::numeric_limits<std::int64_t>::max()) : cfg_.resume;
+  bool overwritten = false;  // a failed load may have left part of a checkpoint in the model
+  std::vector<std::string> failures;
+  checkpoint::ManifestInfo info;
+  const auto load_start = Clock::now();
+  for (;;) {
     if (path.empty()) {
-      if (fabric.rank() == 0)
-        spdlog::info("resume: no valid checkpoint in {}, starting fresh", cfg_.checkpoint_dir);
+      if (overwritten) {
+        SINEW_THROW(CheckpointError, "cannot resume: no checkpoint in {} could be loaded ({})",
+                    cfg_.checkpoint_dir, fmt::join(failures, "; "));
+      }
+      if (fabric.rank() == 0) {
+        if (newest_committed_ >= 0) {
+          spdlog::warn("resume: no committed checkpoint in {} could be loaded: starting fresh, {} steps lost",
+                       cfg_.checkpoint_dir, newest_committed_);
+        } else {
+          spdlog::info("resume: no valid checkpoint in {}, starting fresh", cfg_.checkpoint_dir);
+        }
+      }
       return false;
     }
-  } else {
-    path = cfg_.resume;
+    // Every rank loads (and verifies) the whole state; a failure anywhere fails everywhere.
+    std::int64_t ok = 1;
+    std::string why;
+    try {
+      info = state_.load(path, fabric.algorithm(), fabric.rank(), fabric.size());
+    } catch (const CheckpointError& e) {
+      ok = 0;
+      why = e.message();
+    }
+    backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), comm::ReduceOp::kMin, op_);
+    if (ok) break;
+    if (why.empty()) why = fmt::format("{}: another rank could not load it", path);
+    if (!automatic) SINEW_THROW(CheckpointError, "cannot resume: {}", why);
+    // --resume auto: the data of a checkpoint that passed the quick check is damaged; the next older one.
+    overwritten = true;
+    failures.push_back(why);
+    const auto name = checkpoint::parse_name(std::filesystem::path(path).filename().string());
+    if (fabric.rank() == 0) {
+      spdlog::warn("resume: skipping {}: {}", path, why);
+      ev.skipped.push_back({{"path", path}, {"reason", why}});
+      if (name) newest_committed_ = std::max(newest_committed_, name->step);
+    }
+    path = choose(fabric, ev, name ? name->step : -1);
   }
-  // Every rank loads (and verifies) the whole state; a failure anywhere fails everywhere.
-  std::int64_t ok = 1;
-  std::string why;
-  checkpoint::TrainingState st;
-  const auto load_start = Clock::now();
-  try {
-    st = checkpoint::load(path);
-    state_.apply(st, path, fabric.algorithm(), fabric.rank(), fabric.size());
-  } catch (const CheckpointError& e) {
-    ok = 0;
-    why = e.message();
-  }
-  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&ok, 1)), comm::ReduceOp::kMin, op_);
-  if (!ok) {
-    SINEW_THROW(CheckpointError, "cannot resume: {}",
-                why.empty() ? fmt::format("{}: another rank could not load it", path) : why);
+  const checkpoint::TrainingState& st = info.meta;
+  if (fabric.rank() == 0 && newest_committed_ > st.step) {
+    ev.steps_lost = newest_committed_ - st.step;
+    spdlog::warn("resume: falling back from step {} to {} (step {}): {} steps lost", newest_committed_, path,
+                 st.step, ev.steps_lost);
   }
   state_.pos().resumed = 1;
   ev.path = path;

@@ -37,9 +37,12 @@ class CheckpointPolicy {
   void progress(Fabric& fabric, bool wait = true);
   [[nodiscard]] static bool in_flight(Fabric& fabric);
 
-  /// Collective, at start: --resume auto|never|PATH. Rank 0 picks the newest valid checkpoint (auto),
-  /// every rank loads and verifies it and applies it to the state. Throws CheckpointError on every rank
-  /// if the requested checkpoint cannot be used. Returns whether the run resumed.
+  /// Collective, at start: --resume auto|never|PATH. With auto, rank 0 picks the newest committed
+  /// checkpoint whose manifest and files are all there (waiting up to --resume-wait for missing files,
+  /// naming them), every rank reads it straight into the state, verifying each byte; one whose data is
+  /// damaged is skipped for the next older one, and a fall-back logs how many steps are lost. Throws
+  /// CheckpointError on every rank if the requested checkpoint cannot be used. Returns whether the run
+  /// resumed.
   bool resume(Fabric& fabric);
 
   /// The last checkpoint failure (empty if none).
@@ -48,6 +51,8 @@ class CheckpointPolicy {
  private:
   void report(Fabric& fabric, const checkpoint::SaveResult& r, const std::string& why);
   void failed(Fabric& fabric, const std::string& why, const std::string& message);
+  /// Collective: rank 0's choice for --resume auto among the checkpoints below `below_step` ("" if none).
+  std::string choose(Fabric& fabric, ResumeEvent& ev, std::int64_t below_step);
 
   const Config& cfg_;
   comm::Options op_;
@@ -57,6 +62,7 @@ class CheckpointPolicy {
   std::string config_json_;
   std::string pending_reason_ = "periodic";  // why the background checkpoint in flight was taken
   std::string error_;
+  std::int64_t newest_committed_ = -1;  // rank 0, resume: the newest committed step skipped
 };
 
 }  // namespace sinew::train

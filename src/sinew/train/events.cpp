@@ -54,10 +54,18 @@ json to_json(const CheckpointEvent& e) {
 }
 
 json to_json(const ResumeEvent& e) {
-  return {{"event", "resume"},          {"path", e.path},       {"step", e.step},
-          {"epoch", e.epoch},           {"cursor", e.cursor},   {"from_world_size", e.from_world_size},
-          {"world_size", e.world_size}, {"load_ms", e.load_ms}, {"generation", e.generation},
-          {"skipped", e.skipped}};
+  return {{"event", "resume"},
+          {"path", e.path},
+          {"step", e.step},
+          {"epoch", e.epoch},
+          {"cursor", e.cursor},
+          {"from_world_size", e.from_world_size},
+          {"world_size", e.world_size},
+          {"load_ms", e.load_ms},
+          {"generation", e.generation},
+          {"skipped", e.skipped},
+          {"steps_lost", e.steps_lost},
+          {"waited_s", e.waited_s}};
 }
 
 json to_json(const FailureEvent& e) {

@@ -61,6 +61,8 @@ struct ResumeEvent {
   double load_ms = 0;
   int generation = 0;
   nlohmann::json skipped = nlohmann::json::array();  ///< [{path, reason}] of newer, invalid checkpoints
+  std::int64_t steps_lost = 0;  ///< steps of the newest skipped committed checkpoint past the one loaded
+  double waited_s = 0;          ///< time spent waiting for missing files (--resume-wait)
 };
 
 /// Members died; written once the group recovered in place (timings of every phase).

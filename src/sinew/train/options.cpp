@@ -128,7 +128,10 @@ po::options_description describe(Config& c, std::string& config_file) {
       "write periodic checkpoints in the background (snapshot in memory; errors surface at the next step)")(
       "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
       "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory (%j, %r as in "
-      "--checkpoint-dir)");
+      "--checkpoint-dir)")(
+      "resume-wait", po::value(&c.resume_wait_s)->default_value(c.resume_wait_s)->value_name("SECONDS"),
+      "--resume auto: how long to wait for files of a newer committed checkpoint that are missing (a "
+      "storage server down) before falling back to an older one, saying how many steps are lost");
   po::options_description el("Elasticity (docs/fault-tolerance.md)");
   el.add_options()("elastic",
                    po::value(&c.elastic)
@@ -332,6 +335,8 @@ void validate(const Config& c) {
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty()) {
     SINEW_THROW(InvalidArgument, "--checkpoint-every needs --checkpoint-dir");
   }
+  if (!(c.resume_wait_s >= 0 && c.resume_wait_s <= 86400))
+    SINEW_THROW(InvalidArgument, "--resume-wait must be in [0, 86400] seconds, got {}", c.resume_wait_s);
   if (c.resume.empty())
     SINEW_THROW(InvalidArgument, "--resume: empty value; use auto, never or a checkpoint path");
   one_of(c.device, {"cpu", "cuda"}, "--device");

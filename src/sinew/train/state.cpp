@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "sinew/algo/algorithm.hpp"
+#include "sinew/checkpoint/reader.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
@@ -39,36 +41,35 @@ std::vector<std::pair<std::string, std::span<float>>> TrainState::tensors() {
   return out;
 }
 
-checkpoint::TrainingState TrainState::snapshot(algo::Algorithm& algorithm, int rank, int world,
-                                               std::string config_json) {
+checkpoint::StateRef TrainState::snapshot_ref(algo::Algorithm& algorithm, int world,
+                                              std::string config_json) {
   if (device_ != nullptr) device_->to_host();
   const Position& p = position();
-  checkpoint::TrainingState st;
-  for (const auto& [name, buf] : tensors()) st.tensors[name].assign(buf.begin(), buf.end());
-  st.step = p.step;
-  st.epoch = p.epoch;
-  st.cursor = static_cast<std::uint64_t>(p.cursor);
-  st.dataset_size = sampler_.dataset_size();
-  st.seed = seed_;
-  st.optimizer_steps = p.optimizer_steps;
-  st.world_size = world;
-  st.config_json = std::move(config_json);
-  // Per-layer views of "params" ("fc1/weight"), so that readers of the checkpoint can rebuild the model.
+  checkpoint::StateRef st;
+  for (const auto& [name, buf] : tensors()) st.tensors[name] = {buf, false};
+  for (const auto& [name, buf] : algorithm.rank_state()) st.tensors[name] = {buf, true};
+  st.meta.step = p.step;
+  st.meta.epoch = p.epoch;
+  st.meta.cursor = static_cast<std::uint64_t>(p.cursor);
+  st.meta.dataset_size = sampler_.dataset_size();
+  st.meta.seed = seed_;
+  st.meta.optimizer_steps = p.optimizer_steps;
+  st.meta.world_size = world;
+  st.meta.config_json = std::move(config_json);
+  // Per-layer views of "params" ("fc1/weight") and the model's layers, so that readers of the checkpoint
+  // can rebuild the model.
   for (model::ParamView& v : net_.param_views()) {
-    st.views.push_back(
+    st.meta.views.push_back(
         {std::move(v.name), "params", v.offset, {v.shape.begin(), v.shape.end()}, std::move(v.layout)});
   }
-  const auto r = static_cast<std::size_t>(rank);
-  for (const auto& [name, buf] : algorithm.rank_state()) {
-    auto& t = st.tensors[name];
-    t.assign(buf.size() * static_cast<std::size_t>(world), 0.f);
-    std::copy(buf.begin(), buf.end(), t.begin() + static_cast<std::ptrdiff_t>(r * buf.size()));
-  }
+  st.meta.model_json = net_.description_json();
   return st;
 }
 
-void TrainState::apply(const checkpoint::TrainingState& st, const std::string& path,
-                       algo::Algorithm& algorithm, int rank, int world) {
+checkpoint::ManifestInfo TrainState::load(const std::string& path, algo::Algorithm& algorithm, int rank,
+                                          int world) {
+  const checkpoint::ManifestInfo info = checkpoint::read_manifest(path);
+  const checkpoint::TrainingState& st = info.meta;
   if (st.dataset_size != sampler_.dataset_size()) {
     SINEW_THROW(CheckpointError,
                 "{} was written for {} training samples, this run has {}: another --dataset or "
@@ -81,36 +82,54 @@ void TrainState::apply(const checkpoint::TrainingState& st, const std::string& p
                 "differ",
                 path, st.seed, seed_);
   }
+  const auto size_of = [&](const std::string& name) -> std::optional<std::uint64_t> {
+    for (const auto& t : info.tensors)
+      if (t.name == name) return t.size;
+    return std::nullopt;
+  };
+  // The replicated tensors are read straight into the model and the optimiser.
+  std::vector<checkpoint::ReadTarget> targets;
   for (auto& [name, buf] : tensors()) {
-    auto it = st.tensors.find(name);
-    if (it == st.tensors.end()) {
+    const auto size = size_of(name);
+    if (!size) {
       SINEW_THROW(CheckpointError, "{} has no tensor '{}': was it written with another --optimizer?", path,
                   name);
     }
-    if (it->second.size() != buf.size()) {
+    if (*size != buf.size()) {
       SINEW_THROW(CheckpointError,
                   "{}: tensor '{}' has {} elements, this run needs {}: was it written with another "
                   "--model or --optimizer?",
-                  path, name, it->second.size(), buf.size());
+                  path, name, *size, buf.size());
     }
-    std::copy(it->second.begin(), it->second.end(), buf.begin());
+    targets.push_back({name, 0, buf});
   }
+  // Per-rank algorithm state: this rank's block at the same world size, else the blocks' mean.
   const auto w = static_cast<std::size_t>(world), r = static_cast<std::size_t>(rank);
+  struct Averaged {
+    std::span<float> buf;
+    std::vector<float> all;
+  };
+  std::vector<Averaged> averaged;
   for (auto& [name, buf] : algorithm.rank_state()) {
     std::fill(buf.begin(), buf.end(), 0.f);
-    auto it = st.tensors.find(name);
-    if (it == st.tensors.end() || buf.empty()) continue;
-    const auto& v = it->second;
-    const std::size_t blocks = v.size() / buf.size();
-    if (blocks * buf.size() != v.size() || blocks == 0)
-      SINEW_THROW(CheckpointError, "{}: tensor '{}' has {} elements, not a multiple of {}", path, name,
-                  v.size(), buf.size());
+    const auto size = size_of(name);
+    if (!size || buf.empty()) continue;
+    const std::size_t blocks = *size / buf.size();
+    if (blocks * buf.size() != *size || blocks == 0)
+      SINEW_THROW(CheckpointError, "{}: tensor '{}' has {} elements, not a multiple of {}", path, name, *size,
+                  buf.size());
     if (blocks == w) {
-      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(r * buf.size()), buf.size(), buf.begin());
-      continue;
+      targets.push_back({name, r * buf.size(), buf});
+    } else {
+      averaged.push_back({buf, std::vector<float>(*size)});
+      targets.push_back({name, 0, averaged.back().all});
     }
+  }
+  checkpoint::load_into(path, targets);
+  for (auto& [buf, all] : averaged) {
+    const std::size_t blocks = all.size() / buf.size();
     for (std::size_t b = 0; b < blocks; ++b)
-      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += v[b * buf.size() + i];
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += all[b * buf.size() + i];
     for (auto& x : buf) x /= static_cast<float>(w);
   }
   Position p = position();
@@ -121,6 +140,7 @@ void TrainState::apply(const checkpoint::TrainingState& st, const std::string& p
   p.last_eval_epoch = st.epoch - 1;
   restore(p);
   if (device_ != nullptr) device_->to_device();
+  return info;
 }
 
 void TrainState::mark_agreed() {

@@ -3,10 +3,10 @@
 // Every member of the group holds the same parameters, optimiser state and training position (data
 // parallelism). The scalars of that position live in one trivially copyable struct, Position; the tensors
 // are listed by TrainState::tensors(). Everything that moves the state derives from these two lists:
-//   snapshot()     -> a checkpoint::TrainingState (checkpoints)
-//   apply()        <- a loaded checkpoint (resume, at any world size)
+//   snapshot_ref() -> a checkpoint::StateRef (checkpoints; load() reads one back)
+//   load()         <- a checkpoint, read straight into the tensors (resume, at any world size)
 //   synchronise()  every member takes the state of the most advanced one (after a change of membership)
-// so adding a field means adding it to Position (and, if a checkpoint must carry it, to snapshot/apply).
+// so adding a field means adding it to Position (and, if a checkpoint must carry it, to snapshot_ref/load).
 // With --device cuda the tensors are trained on the GPU (train/device.hpp): these three copy them to the
 // host before they read them and back after they wrote them.
 #pragma once
@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "sinew/checkpoint/reader.hpp"
 #include "sinew/checkpoint/state.hpp"
 #include "sinew/comm/backend.hpp"
 
@@ -81,18 +82,21 @@ class TrainState {
   /// The replicated tensors by checkpoint name: "params", then "optim/<name>" for the optimiser state.
   [[nodiscard]] std::vector<std::pair<std::string, std::span<float>>> tensors();
 
-  /// The state as a checkpoint. Per-rank `algorithm` state (e.g. error-feedback residuals) is stored as
-  /// `world` blocks, rank r's shard holding exactly its block (docs/checkpoint-format.md).
-  [[nodiscard]] checkpoint::TrainingState snapshot(algo::Algorithm& algorithm, int rank, int world,
-                                                   std::string config_json);
+  /// The state as a checkpoint writer takes it, without a copy: references into the model, the
+  /// optimiser and `algorithm` (its per-rank state as this rank's block of `world`: rank r's shard holds
+  /// exactly its block, docs/checkpoint-format.md), valid until the next step; with the model's
+  /// per-layer views and description. The writer copies what it needs before save()/save_async() return.
+  [[nodiscard]] checkpoint::StateRef snapshot_ref(algo::Algorithm& algorithm, int world,
+                                                  std::string config_json);
 
-  /// Takes a loaded checkpoint after checking that it fits this run (data set size, seed, tensor sizes);
-  /// throws CheckpointError naming `path` and the mismatch otherwise. Per-rank algorithm state: this
-  /// rank's block at the same world size, else the blocks' sum spread evenly. Sets step, epoch, cursor,
-  /// optimiser steps, and last_eval_epoch = epoch - 1 (a checkpoint at an epoch's end may precede that
-  /// epoch's evaluation).
-  void apply(const checkpoint::TrainingState& st, const std::string& path, algo::Algorithm& algorithm,
-             int rank, int world);
+  /// Loads the checkpoint at `path` into this state after checking that it fits this run (data set size,
+  /// seed, tensor sizes); throws CheckpointError naming `path` and the mismatch otherwise. The tensors are
+  /// read straight into the model and the optimiser, each byte once and checked (checkpoint::load_into);
+  /// on an error they may hold part of the checkpoint. Per-rank algorithm state: this rank's block at the
+  /// same world size, else the blocks' mean. Sets step, epoch, cursor, optimiser steps, and
+  /// last_eval_epoch = epoch - 1 (a checkpoint at an epoch's end may precede that epoch's evaluation).
+  /// Returns the manifest.
+  checkpoint::ManifestInfo load(const std::string& path, algo::Algorithm& algorithm, int rank, int world);
 
   /// Collective over `backend`, after any change of membership: every member takes the state of the
   /// most advanced one (the lowest rank among those at the highest step: with a lockstep algorithm a step
