@@ -87,6 +87,7 @@ struct MemoryFile::Sink {
   void* kept = nullptr;      // the file's memory, once HDF5 closed the file
   std::size_t capacity = 0;  // bytes allocated for it
   std::size_t reserve = 0;   // first allocation at least this large
+  Image spare;               // a block to use for the first allocation, if large enough
 };
 
 namespace {
@@ -105,6 +106,10 @@ void* sink_realloc(void* ptr, std::size_t size, H5FD_file_image_op_t /*op*/, voi
   if (ptr != nullptr && size <= sink->capacity) return ptr;  // a shrink, or room left: nothing to move
   // The first block is made large enough for the whole file, so the data is never moved.
   const std::size_t want = ptr == nullptr ? std::max(size, sink->reserve) : size;
+  if (ptr == nullptr && sink->spare.data && sink->spare.capacity >= want) {
+    sink->capacity = sink->spare.capacity;
+    return sink->spare.data.release();
+  }
   void* p = std::realloc(ptr, want);
   if (p != nullptr) sink->capacity = want;
   return p;
@@ -143,8 +148,9 @@ herr_t borrow_free(void* /*ptr*/, H5FD_file_image_op_t /*op*/, void* /*udata*/) 
 
 }  // namespace
 
-MemoryFile::MemoryFile(const std::string& path, std::size_t size_hint)
+MemoryFile::MemoryFile(const std::string& path, std::size_t size_hint, Image recycled)
     : sink_(std::make_unique<Sink>()), path_(path) {
+  sink_->spare = std::move(recycled);
   quiet();
   // Metadata of a checkpoint file is a few KiB per tensor; the reserve spares one reallocation.
   sink_->reserve = size_hint + (64u << 10);
@@ -176,6 +182,7 @@ Image MemoryFile::take() {
   Image img;
   img.data.reset(static_cast<char*>(std::exchange(sink_->kept, nullptr)));
   img.size = static_cast<std::size_t>(n);
+  img.capacity = sink_->capacity;
   return img;
 }
 

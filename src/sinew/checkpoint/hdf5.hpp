@@ -66,7 +66,8 @@ std::uint32_t crc32_combine(std::uint32_t first, std::uint32_t second, std::uint
 /// Bytes in one malloc'd block: a file image HDF5 built.
 struct Image {
   std::unique_ptr<char, void (*)(void*)> data{nullptr, std::free};
-  std::size_t size = 0;
+  std::size_t size = 0;      ///< bytes of the file
+  std::size_t capacity = 0;  ///< bytes of the block
 };
 
 /// An HDF5 file built in memory (core driver, no backing store): nothing touches the disk until the caller
@@ -75,10 +76,11 @@ struct Image {
 /// exit), and so that each file reaches the filesystem as one large sequential write. HDF5 builds the file
 /// in a buffer Sinew allocates and keeps: data written with H5Dwrite is copied once, into that buffer, and
 /// take() hands it over without a copy. `path` only names the file in messages; `size_hint` (bytes) is the
-/// size the file is expected to reach, to allocate once.
+/// size the file is expected to reach, to allocate once; `recycled`, an earlier image whose block is used
+/// again if it is large enough (its pages are already mapped: no page faults).
 class MemoryFile {
  public:
-  explicit MemoryFile(const std::string& path, std::size_t size_hint = 0);
+  explicit MemoryFile(const std::string& path, std::size_t size_hint = 0, Image recycled = {});
   MemoryFile(const MemoryFile&) = delete;
   MemoryFile& operator=(const MemoryFile&) = delete;
   ~MemoryFile();

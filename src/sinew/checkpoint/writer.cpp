@@ -186,10 +186,15 @@ std::unique_ptr<Writer::Plan> Writer::prepare(const StateRef& state) {
     try {
       for (int attempt = 1;; ++attempt) {
         const std::string path = checkpoint_path(dir_, state.meta.step, attempt);
-        if (fs::create_directory(path)) {
+        std::error_code ec;
+        if (fs::create_directory(path, ec)) {
           prep[1] = attempt;
           break;
         }
+        // EEXIST for a name that then does not exist: GlusterFS, when another client looks the name up
+        // during the mkdir. The name is given up like a taken one.
+        if (ec && ec != std::errc::file_exists) throw fs::filesystem_error("cannot create", path, ec);
+        if (attempt >= 1000) throw fs::filesystem_error("1000 attempts at this step", path, ec);
         // Taken: by a committed checkpoint of this step that is intact (nothing to do), or by one that
         // is damaged or a failed attempt (a resume fell back past it): the next name is tried.
         if (is_committed(path) && verify(path).empty()) {
@@ -240,7 +245,12 @@ std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& s
     slices.emplace_back(ref.per_rank ? ref.data.data() : ref.data.data() + begin, count);
     bytes += count * sizeof(float);
   }
-  h5::MemoryFile f(file, bytes);
+  h5::Image recycled;
+  {
+    const std::lock_guard lock(spare_mutex_);
+    if (spare_) recycled = std::move(spare_->image);
+  }
+  h5::MemoryFile f(file, bytes, std::move(recycled));
   write_meta(f.get(), plan.meta, plan.names, file);
   h5::write_attr(f.get(), "rank", static_cast<std::int64_t>(rank), file);
   for (std::size_t t = 0; t < plan.names.size(); ++t) {
@@ -290,7 +300,11 @@ Writer::Local Writer::write_local(const Plan& plan, Shard& shard) const {
   } catch (const std::exception& e) {
     out.why = e.what();
   }
-  shard.image = {};  // the memory goes as soon as the bytes are written
+  // The memory is kept for the next shard (one block: a later, larger state allocates anew).
+  auto spare = std::make_unique<Shard>();
+  spare->image = std::move(shard.image);
+  const std::lock_guard lock(spare_mutex_);
+  spare_ = std::move(spare);
   return out;
 }
 

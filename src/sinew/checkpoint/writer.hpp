@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -128,6 +129,10 @@ class Writer {
   comm::Backend& backend_;
   WriterOptions opts_;
   std::unique_ptr<Async> async_;
+  // The last shard's memory, for the next one: its pages are mapped already (a page fault per 4 KiB is
+  // much of the cost of a checkpoint otherwise). Set by write_local() on the writer thread.
+  mutable std::mutex spare_mutex_;
+  mutable std::unique_ptr<Shard> spare_;
 };
 
 }  // namespace sinew::checkpoint
