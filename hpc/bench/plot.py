@@ -2,8 +2,11 @@
 """Plots for docs/benchmarks.md from the JSON that the benchmarks write.
 
 usage: plot.py OUT_DIR [allreduce-2.json allreduce-4.json ...] [--train-step train_step_summary.json]
+                [--checkpoint checkpoint_summary.json]
 Writes OUT_DIR/allreduce_busbw.png (bus bandwidth vs message size, Sinew bucketed vs MPI_Allreduce, one
-line pair per rank count) and OUT_DIR/train_step.png (step time, Sinew vs PyTorch DDP).
+line pair per rank count), OUT_DIR/train_step.png (step time, Sinew vs PyTorch DDP) and
+OUT_DIR/checkpoint_vs_dd.png (checkpoint write and restore throughput as a multiple of dd's, local disk
+and GlusterFS; hpc/bench/checkpoint_bench.sh).
 """
 import argparse
 import json
@@ -20,6 +23,7 @@ def main():
     p.add_argument("out")
     p.add_argument("allreduce", nargs="*")
     p.add_argument("--train-step")
+    p.add_argument("--checkpoint")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.allreduce:
@@ -48,6 +52,25 @@ def main():
         ax.set_title(f"MLP 784-512-512-10, batch 64/rank, {s.get('ranks', 2)} ranks")
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "train_step.png"), dpi=110)
+    if a.checkpoint:
+        s = json.load(open(a.checkpoint))
+        kinds = [("ratio", "write"), ("restore_warm_ratio", "restore, warm cache"),
+                 ("restore_cold_ratio", "restore, cold cache")]
+        systems = [k for k in ("local", "glusterfs") if k in s]
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        width = 0.8 / len(systems)
+        for i, name in enumerate(systems):
+            vals = [s[name][k] if s[name][k] is not None else 0 for k, _ in kinds]
+            bars = ax.bar([j + i * width for j in range(len(kinds))], vals, width,
+                          label={"local": "local disk", "glusterfs": "GlusterFS (4 bricks)"}[name])
+            ax.bar_label(bars, fmt="%.2fx")
+        ax.axhline(0.8, color="grey", linestyle="--", linewidth=1, label="goal: 0.8x dd")
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(kinds))], [t for _, t in kinds])
+        ax.set_ylabel("Sinew / dd (throughput)")
+        ax.set_title("4-rank checkpoint of 512 MiB against dd on the same filesystem (medians)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "checkpoint_vs_dd.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -340,7 +340,14 @@ EOF
     die "mounting $host:/$vol on $dir/$m failed: $(tail -n 3 "$dir/log/$m.out" "$dir/log/$m.log" 2>/dev/null)"
   done
   note_sockets
-  make_probes "$n" || die "could not place a probe file on each of the $n bricks (log: $dir/log/mnt.log)"
+  # A mount returns before its client has connected to every brick (files hashed to one it has not
+  # reached yet fail with ENOTCONN): the probes are retried for up to 20 s.
+  local try
+  for ((try = 1; ; try++)); do
+    make_probes "$n" && break
+    ((try < 20)) || die "could not place a probe file on each of the $n bricks (log: $dir/log/mnt.log)"
+    sleep 1
+  done
   clients_reach_bricks 20 || die "the mounts do not reach every brick after 20 s (logs: $dir/log/mnt*.log)"
 }
 
