@@ -371,7 +371,8 @@ int run_shell(const std::string& cmd) {
   const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
   pid_t pid = 0;
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): posix_spawn's argv is not const-correct
-  if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return -1;
+  if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0)
+    return -1;
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -485,8 +486,7 @@ int bench_checkpoint(const std::vector<std::string>& args, const mpi::Communicat
       for (auto& [name, v] : into) std::fill(v.begin(), v.end(), -1.f);
     };
     auto dd_restore = [&] {
-      if (run_shell(dd_read) != 0)
-        SINEW_THROW(Error, "sinew-bench checkpoint: '{}' failed", dd_read);
+      if (run_shell(dd_read) != 0) SINEW_THROW(Error, "sinew-bench checkpoint: '{}' failed", dd_read);
     };
     // Warm: the files are in the page cache (just written, then read once).
     // Warm: the files are in the page cache, and the destination is memory in use, as a model's is (one

@@ -432,6 +432,7 @@ int cmd_diff(const std::vector<std::string>& argv) {
   std::map<std::string, std::pair<const std::vector<float>*, const std::vector<float>*>> by_name;
   for (const auto& [n, v] : sa.tensors) by_name[n].first = &v;
   for (const auto& [n, v] : sb.tensors) by_name[n].second = &v;
+  tensors.reserve(by_name.size());
   for (const auto& [n, p] : by_name) tensors.push_back(compare(n, p.first, p.second));
 
   // Scalar fields: (name, A, B) for those that differ. world_size differing is normal (resize, restart

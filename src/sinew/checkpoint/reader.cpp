@@ -109,6 +109,12 @@ void read_exact(int fd, void* out, std::size_t n, const std::string& file) {
 /// Closes a file descriptor at scope exit.
 struct Fd {
   int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&&) = delete;
+  Fd& operator=(Fd&&) = delete;
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }

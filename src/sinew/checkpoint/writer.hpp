@@ -113,6 +113,10 @@ class Writer {
     std::string why;                     // rank 0: why the commit failed (empty: committed)
     double commit_ms = 0;
     Async();
+    Async(const Async&) = delete;
+    Async& operator=(const Async&) = delete;
+    Async(Async&&) = delete;
+    Async& operator=(Async&&) = delete;
     ~Async();
   };
   /// Collective: picks the directory of this save; nullptr if the step is already committed.

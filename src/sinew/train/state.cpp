@@ -68,7 +68,7 @@ checkpoint::StateRef TrainState::snapshot_ref(algo::Algorithm& algorithm, int wo
 
 checkpoint::ManifestInfo TrainState::load(const std::string& path, algo::Algorithm& algorithm, int rank,
                                           int world) {
-  const checkpoint::ManifestInfo info = checkpoint::read_manifest(path);
+  checkpoint::ManifestInfo info = checkpoint::read_manifest(path);
   const checkpoint::TrainingState& st = info.meta;
   if (st.dataset_size != sampler_.dataset_size()) {
     SINEW_THROW(CheckpointError,
