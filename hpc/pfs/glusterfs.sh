@@ -278,7 +278,7 @@ start() {
   # glusterd's bricks always find it on TCP 24007 (`-s HOST`, no port; a glusterd on another port fails every
   # brick start), so a second glusterd on this machine cannot work.
   if ss -Hltn 'sport = :24007' 2>/dev/null | grep -q .; then
-    die "TCP port 24007 is taken (a system glusterd? systemctl stop glusterd): this one needs it for its bricks"
+    unavailable "TCP port 24007 is taken (a system glusterd? systemctl stop glusterd): this one needs it for its bricks"
   fi
   # The Debian defaults (/etc/glusterfs/glusterd.vol) with every path in our folder. run-directory and
   # logging-directory take the brick pid files and logs; glusterd-sockfile keeps the CLI off the system's.
