@@ -66,7 +66,7 @@ h5::Digest read_record(const fs::path& file, bool commit_record, Clock::time_poi
     text.assign(96, '\0');
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
     text.resize(static_cast<std::size_t>(in.gcount()));
-    if (!text.empty() || Clock::now() >= deadline) break;
+    if (!text.empty() || !commit_record || Clock::now() >= deadline) break;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
