@@ -116,4 +116,20 @@ check usage-error-one-line test "$(wc -l <<<"$out")" -eq 1
 expect help 0 "usage: sinew-ckpt COMMAND" -- "$ckpt" --help
 expect command-help 0 "usage: sinew-ckpt diff A B" -- "$ckpt" diff --help
 
+# --- the commit record, and checkpoints of schema version 1 ------------------------------------------
+check commit-record grep -qE '^manifest\.h5 [0-9a-f]{8} [0-9]+$' "$c10/COMMITTED"
+mkdir -p "$work/uncommitted" && cp -r "$c10" "$work/uncommitted/" && rm "$work/uncommitted/ckpt-0000000010/COMMITTED"
+expect verify-uncommitted 4 "not committed" -- "$ckpt" verify "$work/uncommitted/ckpt-0000000010"
+expect list-uncommitted 0 "ckpt-0000000010 +uncommitted \(ignored\)" -- "$ckpt" list "$work/uncommitted"
+# Written by the Sinew before the commit record (renamed from .partial, manifest.h5.crc32): still loads,
+# and a run resumes from it at another world size.
+old=$(dirname "${BASH_SOURCE[0]}")/data/schema1
+expect verify-schema1 0 "ckpt-0000000010: OK" -- "$ckpt" verify "$old/ckpt-0000000010"
+expect inspect-schema1 0 "schema version +1" -- "$ckpt" inspect "$old/ckpt-0000000010"
+cp -r "$old" "$work/schema1"
+expect resume-schema1 0 "resumed from $work/schema1/ckpt-0000000010 \(step 10" -- \
+  "${mpiexec[@]}" -n 3 "$train" --dataset synthetic --model mlp:16 --epochs 1 --max-steps 12 \
+  --checkpoint-dir "$work/schema1" --progress false
+expect resumed-writes-schema2 0 "schema version +2" -- "$ckpt" inspect "$work/schema1/ckpt-0000000012"
+
 finish
