@@ -15,6 +15,8 @@ for n in 2 4; do
 done
 echo "== training step vs PyTorch DDP, 2 ranks"
 bash "$here/train_step_vs_torch.sh" 2 5 "$out"
+echo "== checkpoints: write and restore vs dd (local disk, GlusterFS), cost on the training step"
+bash "$here/checkpoint_bench.sh" "$out/checkpoint-dir" 3 "$out/checkpoint"
 /usr/bin/python3 "$here/plot.py" "$sinew_root/docs/img" "$out/allreduce-2.json" "$out/allreduce-4.json" \
-  --train-step "$out/train_step_summary.json"
+  --train-step "$out/train_step_summary.json" --checkpoint "$out/checkpoint/checkpoint_summary.json"
 echo "plots written to docs/img/"
