@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -92,7 +93,14 @@ void JoinDeadline::leave() {
   // PRRTE (called init, no finalize), which ends the whole job with mpirun exit code 1, and a signal is
   // reported as exit code 137 (both measured). So it first tells its PMIx server that it finalizes
   // (PMIx_Finalize, found at run time: Open MPI links it, Sinew does not), then exits 0.
+  // PMIx_Finalize takes PMIx's global lock, which PMIx_Init holds while it waits for its server: in a
+  // process stuck inside MPI_Init it never returns (seen once in chaos.short: the abandoned process and
+  // so mpirun outlived the trial's deadline). It gets 5 s; then the process exits without it.
   std::fflush(nullptr);
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(0);
+  }).detach();
   using PmixFinalize = int (*)(const void*, std::size_t);
   if (auto* fin = reinterpret_cast<PmixFinalize>(::dlsym(RTLD_DEFAULT, "PMIx_Finalize"))) fin(nullptr, 0);
   std::_Exit(0);
