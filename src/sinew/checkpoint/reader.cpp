@@ -120,6 +120,20 @@ struct Fd {
   }
 };
 
+/// Opens a shard file and checks that it has the size its checkpoint records.
+int open_shard(const std::string& file, std::uint64_t size) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) SINEW_THROW(CheckpointError, "{}: cannot open: {}", file, errno_text(errno));
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0 || static_cast<std::uint64_t>(sb.st_size) != size) {
+    ::close(fd);
+    SINEW_THROW(CheckpointError,
+                "{}: has {} bytes, its checkpoint records {}: the file is truncated or damaged", file,
+                static_cast<long long>(sb.st_size), size);
+  }
+  return fd;
+}
+
 /// Schema 2: reads shard `r`'s file once, front to back: each tensor slice straight into `st`, the bytes
 /// between them (HDF5's metadata) into a scratch buffer; the whole file's CRC32 is combined from the
 /// pieces' and compared with the manifest's.
@@ -145,14 +159,7 @@ void read_shard(const std::string& file, const ManifestInfo& info, std::size_t r
     }
     end = p.offset + p.bytes;
   }
-  Fd fd{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) SINEW_THROW(CheckpointError, "{}: cannot open: {}", file, errno_text(errno));
-  struct stat sb {};
-  if (::fstat(fd.fd, &sb) != 0 || static_cast<std::uint64_t>(sb.st_size) != size) {
-    SINEW_THROW(CheckpointError,
-                "{}: has {} bytes, its checkpoint records {}: the file is truncated or damaged", file,
-                static_cast<long long>(sb.st_size), size);
-  }
+  Fd fd{open_shard(file, size)};
   ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> scratch;
   std::uint32_t crc = 0;
@@ -348,14 +355,7 @@ ManifestInfo load_into(const std::string& path, const std::vector<ReadTarget>& t
       if (lo >= hi) continue;
       if (fd.fd < 0) {
         require_present(file, deadline, "shard file");
-        fd.fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd.fd < 0) SINEW_THROW(CheckpointError, "{}: cannot open: {}", file, errno_text(errno));
-        struct stat sb {};
-        if (::fstat(fd.fd, &sb) != 0 || static_cast<std::uint64_t>(sb.st_size) != info.shard_file_sizes[ri]) {
-          SINEW_THROW(CheckpointError,
-                      "{}: has {} bytes, its checkpoint records {}: the file is truncated or damaged", file,
-                      static_cast<long long>(sb.st_size), info.shard_file_sizes[ri]);
-        }
+        fd.fd = open_shard(file, info.shard_file_sizes[ri]);
       }
       // The whole slice is read (its CRC32 covers all of it): straight into `out` when it lies inside.
       const bool inside = lo == begin && hi == end;
