@@ -48,26 +48,26 @@ void settle_before_exit(ExitCode code) {
   }
 }
 
-int report(const char* message, ExitCode code, bool print) {
+int report(const char* message, ExitCode code, bool print, bool mpi) {
   if (print) {
     std::fprintf(stderr, "sinew: error: %s\n", message);
     std::fflush(stderr);
   }
-  settle_before_exit(code);
+  if (mpi) settle_before_exit(code);
   return static_cast<int>(code);
 }
 }  // namespace
 
-int guarded_main(const std::function<int()>& body) {
+int guarded_main(const std::function<int()>& body, bool mpi) {
   try {
     return body();
   } catch (const Error& e) {
     // Usage errors are the same on every rank: the first rank prints them. Other errors may be
     // rank-specific (a file missing on one node), so every rank that meets one prints it.
     return report(e.message().c_str(), e.exit_code(),
-                  e.exit_code() != ExitCode::kUsage || launcher_rank() == 0);
+                  e.exit_code() != ExitCode::kUsage || !mpi || launcher_rank() == 0, mpi);
   } catch (const std::exception& e) {
-    return report(e.what(), ExitCode::kFailure, true);
+    return report(e.what(), ExitCode::kFailure, true, mpi);
   }
 }
 

@@ -9,7 +9,9 @@ namespace sinew::apps {
 /// when alone. Used before MPI_Init so that only one process prints a usage error.
 int launcher_rank();
 
-/// Runs `body`, turns Sinew errors into a one-line message on stderr and the documented exit code.
-int guarded_main(const std::function<int()>& body);
+/// Runs `body`, turns Sinew errors into a one-line message on stderr and the documented exit code. With
+/// `mpi` (the MPI programs), an error under a launcher first meets the other ranks (or aborts the job);
+/// programs that never use MPI (sinew-teacher) pass false and just exit.
+int guarded_main(const std::function<int()>& body, bool mpi = true);
 
 }  // namespace sinew::apps

@@ -11,6 +11,7 @@
 #include "sinew/core/log.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
+#include "sinew/serve/service_source.hpp"
 #include "sinew/train/control.hpp"
 #include "sinew/train/trainer.hpp"
 
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
     }
     int code = 0;
     {
-      sinew::train::Trainer trainer(cfg, std::move(group));
+      sinew::train::Trainer trainer(cfg, std::move(group), sinew::serve::service_source);
       const auto s = trainer.run();
       if (!s.left && trainer.rank() == 0) {
         if (!s.below_min_ranks) {

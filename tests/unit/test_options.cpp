@@ -96,6 +96,45 @@ TEST(Options, ChoicesAreTyped) {
   }
 }
 
+/// The distillation options: one teacher source, values in range, and a wait that stays inside the
+/// collectives' deadline; each refusal names its option.
+TEST(Options, DistillationChecks) {
+  auto refused = [](const Config& c, const std::string& option) {
+    try {
+      validate(c);
+      ADD_FAILURE() << "accepted; expected a message about " << option;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+    }
+  };
+  Config c;
+  EXPECT_FALSE(distilling(c));
+  c.distill_table = "t.h5";
+  EXPECT_TRUE(distilling(c));
+  EXPECT_NO_THROW(validate(c));
+  c.distill_registry = "http://127.0.0.1:2379";
+  refused(c, "one teacher source");
+  c.distill_table.clear();
+  c.distill_alpha = 1.5f;
+  refused(c, "--distill-alpha");
+  c.distill_alpha = 0.5f;
+  c.distill_temperature = 0;
+  refused(c, "--distill-temperature");
+  c.distill_temperature = 2;
+  c.distill_on_missing = "skip";
+  refused(c, "--distill-on-missing");
+  c.distill_on_missing = "wait";
+  c.distill_max_wait_ms = 500;  // below the request timeout
+  refused(c, "--distill-max-wait-ms");
+  c.distill_max_wait_ms = 60000;
+  c.distill_job = "a/b";
+  refused(c, "--distill-job");
+  c.distill_job = "j";
+  EXPECT_NO_THROW(validate(c));
+  c.device = "cuda";
+  if (SINEW_HAVE_CUDA != 0) refused(c, "CPU only");
+}
+
 /// --device cuda refuses what would silently run on the host, naming the option and what to use.
 TEST(Options, DeviceCudaRefusesCpuOnlyChoices) {
   struct Case {

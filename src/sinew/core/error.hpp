@@ -54,6 +54,7 @@ enum class ExitCode : int {
   kCheckpoint = 4,   ///< checkpoint missing, corrupt or inconsistent
   kRelaunch = 75,    ///< asks a supervisor to relaunch from the latest checkpoint (restart mode)
   kCommFailure = 5,  ///< communication failure that could not be recovered
+  kService = 6,      ///< a teacher service or its registry (etcd) could not be used (distillation)
 };
 
 class Error : public std::runtime_error {
@@ -96,6 +97,15 @@ class CommFailure : public Error {
 class Timeout : public CommFailure {
  public:
   using CommFailure::CommFailure;
+};
+
+/// A teacher service or its registry (etcd) failed: unreachable, refused, too slow, or a bad answer.
+/// Distillation's own failure type: it never counts as a rank failure (the MPI group does not recover
+/// from it); the student follows --distill-on-missing instead (docs/distillation.md).
+class ServiceError : public Error {
+ public:
+  using Error::Error;
+  [[nodiscard]] ExitCode exit_code() const noexcept override { return ExitCode::kService; }
 };
 
 /// A failure that this run does not recover from in place (--elastic restart, or no usable ULFM): the

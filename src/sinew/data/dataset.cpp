@@ -341,4 +341,21 @@ DataSplit load_dataset(const DatasetOptions& opts) {
   return split;
 }
 
+std::string fingerprint(const Dataset& d) {
+  // zlib's crc32 takes a uInt length: feed it in pieces.
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto add = [&crc](const void* p, std::size_t n) {
+    const auto* b = static_cast<const Bytef*>(p);
+    while (n > 0) {
+      const auto k = static_cast<uInt>(std::min<std::size_t>(n, 1U << 30));
+      crc = crc32(crc, b, k);
+      b += k;
+      n -= k;
+    }
+  };
+  add(d.features.data(), d.features.size() * sizeof(float));
+  add(d.labels.data(), d.labels.size() * sizeof(std::int32_t));
+  return fmt::format("{}x{}:{}:{:08x}", d.size(), d.dim(), d.num_classes, static_cast<std::uint32_t>(crc));
+}
+
 }  // namespace sinew::data

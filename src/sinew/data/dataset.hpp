@@ -99,6 +99,10 @@ DataSplit load_dataset(const DatasetOptions& opts);
 /// The names load_dataset() accepts.
 std::vector<std::string> dataset_names();
 
+/// Identifies a data set's contents: "<samples>x<dim>:<classes>:<crc32 of features and labels, hex>".
+/// A teacher and its students compare it before logits are exchanged by sample index.
+std::string fingerprint(const Dataset& d);
+
 /// Reads a whole file into memory, decompressing it when it starts with the gzip magic 1f 8b.
 /// Throws DataError naming the file when it is missing (with a package hint for Debian default paths),
 /// unreadable, or a corrupt or truncated gzip stream.

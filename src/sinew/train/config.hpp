@@ -87,6 +87,19 @@ struct Config {
   std::vector<fault::Fault> inject_fault;
   std::string audit_dir;  ///< record every sample each rank trains on (exactly-once audit)
   int step_sleep_ms = 0;  ///< testing: sleep after each step, so that signals from outside land mid-run
+  // distillation (docs/distillation.md): one teacher source at most
+  std::string distill_registry;            ///< etcd endpoint where teachers register (teacher service)
+  std::string distill_job = "default";     ///< the job's prefix in the registry
+  std::string distill_token_file;          ///< the job token (else $SINEW_JOB_TOKEN)
+  std::string distill_teacher_checkpoint;  ///< a teacher computed inside this process
+  std::string distill_table;               ///< a table of logits from `sinew-teacher precompute`
+  float distill_alpha = 0.5f;              ///< weight of the label term
+  float distill_temperature = 4.0f;
+  int distill_timeout_ms = 2000;              ///< deadline of one request; a step's wait under "labels"
+  int distill_max_wait_ms = 60000;            ///< a step's longest wait under "wait"
+  std::string distill_on_missing = "labels";  ///< labels | wait
+  int distill_prefetch = 4;                   ///< steps whose logits are asked for ahead of time
+  int distill_threads = 2;                    ///< requests in flight at once
   // run
   std::string device = "cpu";
   std::uint64_t seed = 42;
@@ -95,6 +108,11 @@ struct Config {
   bool progress = true;  ///< rank-0 progress line on stderr
   std::string log_level = "info";
 };
+
+/// Whether the run distils from a teacher (one of the --distill-* sources is given).
+[[nodiscard]] inline bool distilling(const Config& c) {
+  return !c.distill_registry.empty() || !c.distill_teacher_checkpoint.empty() || !c.distill_table.empty();
+}
 
 /// Parses "STEP:SIZE,..." (steps increasing); throws InvalidArgument naming --resize-schedule.
 std::vector<std::pair<std::int64_t, int>> parse_resize_schedule(const std::string& spec);

@@ -34,6 +34,11 @@ struct StepEvent {
   int world_size = 0;
   double loss = 0, lr = 0, samples_per_s = 0, step_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
   double bytes_sent_per_step = 0;
+  // Distillation only (written when `distilling`): a step's mean wait for teacher logits (ms, mean over
+  // the ranks) and the window's samples trained on labels alone (all ranks).
+  bool distilling = false;
+  double distill_wait_ms = 0;
+  std::int64_t distill_missing = 0;
 };
 
 struct EvalEvent {
@@ -139,6 +144,10 @@ struct DoneEvent {
   int stopped_by_signal = 0;
   bool below_min_ranks = false;
   std::string checkpoint_error;
+  // Distillation only (written when `teacher` is set): rank 0's totals.
+  std::string teacher;  ///< the logit source, as described in the log
+  double distill_wait_ms_per_step = 0;
+  std::int64_t distill_missing = 0, distill_failed_requests = 0, distill_failovers = 0;
 };
 
 nlohmann::json to_json(const StartEvent& e);

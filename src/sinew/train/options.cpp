@@ -165,10 +165,38 @@ po::options_description describe(Config& c, std::string& config_file) {
                           "as in --checkpoint-dir)")(
       "step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms),
       "testing: sleep this long after every step, so that a kill from outside lands mid-run");
+  po::options_description ds("Distillation (docs/distillation.md): one teacher source");
+  ds.add_options()("distill-registry", po::value(&c.distill_registry)->value_name("URL"),
+                   "teacher service: the etcd endpoint where teachers register (http://host:port)")(
+      "distill-job", po::value(&c.distill_job)->default_value(c.distill_job)->value_name("NAME"),
+      "teacher service: the job whose teachers to use (the registry prefix /sinew/NAME/)")(
+      "distill-token-file", po::value(&c.distill_token_file)->value_name("FILE"),
+      "teacher service: the job token (default: $SINEW_JOB_TOKEN)")(
+      "distill-teacher-checkpoint", po::value(&c.distill_teacher_checkpoint)->value_name("PATH"),
+      "a teacher computed inside this process, from this checkpoint (or checkpoint root: its newest)")(
+      "distill-table", po::value(&c.distill_table)->value_name("FILE"),
+      "teacher logits precomputed by `sinew-teacher precompute`")(
+      "distill-alpha", po::value(&c.distill_alpha)->default_value(c.distill_alpha),
+      "loss = alpha * CE(labels) + (1 - alpha) * T^2 * KL(teacher || student)")(
+      "distill-temperature", po::value(&c.distill_temperature)->default_value(c.distill_temperature),
+      "T: softens teacher and student distributions in the KL term")(
+      "distill-timeout-ms", po::value(&c.distill_timeout_ms)->default_value(c.distill_timeout_ms),
+      "deadline of one teacher request; how long a step waits for logits under --distill-on-missing labels")(
+      "distill-on-missing", po::value(&c.distill_on_missing)->default_value(c.distill_on_missing),
+      "labels: samples whose logits are late train on their labels alone (logged per step) | wait: keep "
+      "waiting and asking, up to --distill-max-wait-ms")(
+      "distill-max-wait-ms", po::value(&c.distill_max_wait_ms)->default_value(c.distill_max_wait_ms),
+      "--distill-on-missing wait: the longest a step waits before it trains on the labels (at most half of "
+      "--timeout-ms: the other ranks wait for this one in the next collective)")(
+      "distill-prefetch",
+      po::value(&c.distill_prefetch)->default_value(c.distill_prefetch)->value_name("STEPS"),
+      "ask for the logits of this many steps ahead")(
+      "distill-threads", po::value(&c.distill_threads)->default_value(c.distill_threads),
+      "teacher requests in flight at once");
   po::options_description all(
       "sinew-train: elastic data-parallel training over MPI\n\n"
       "usage: mpirun -n N sinew-train [options]\n");
-  all.add(general).add(data).add(opt).add(comm).add(ck).add(el);
+  all.add(general).add(data).add(opt).add(comm).add(ck).add(el).add(ds);
   return all;
 }
 
@@ -252,6 +280,42 @@ void expand_path_patterns(Config& c, const launch::Launch& env) {
   c.audit_dir = launch::expand_path(c.audit_dir, "--audit-dir", env);
   c.resume = launch::expand_path(c.resume, "--resume", env);
 }
+
+namespace {
+void validate_distill(const Config& c) {
+  const int sources = static_cast<int>(!c.distill_registry.empty()) +
+                      static_cast<int>(!c.distill_teacher_checkpoint.empty()) +
+                      static_cast<int>(!c.distill_table.empty());
+  if (sources > 1) {
+    SINEW_THROW(
+        InvalidArgument,
+        "give one teacher source: --distill-registry, --distill-teacher-checkpoint or --distill-table");
+  }
+  if (!(c.distill_alpha >= 0.f && c.distill_alpha <= 1.f))
+    SINEW_THROW(InvalidArgument, "--distill-alpha must be in [0, 1], got {}", c.distill_alpha);
+  if (!(c.distill_temperature > 0.f && c.distill_temperature <= 100.f))
+    SINEW_THROW(InvalidArgument, "--distill-temperature must be in (0, 100], got {}", c.distill_temperature);
+  if (c.distill_timeout_ms < 1 || c.distill_timeout_ms > 3600000)
+    SINEW_THROW(InvalidArgument, "--distill-timeout-ms must be in [1, 3600000], got {}",
+                c.distill_timeout_ms);
+  if (c.distill_max_wait_ms < c.distill_timeout_ms || c.distill_max_wait_ms > 3600000) {
+    SINEW_THROW(InvalidArgument, "--distill-max-wait-ms must be in [--distill-timeout-ms, 3600000], got {}",
+                c.distill_max_wait_ms);
+  }
+  one_of(c.distill_on_missing, {"labels", "wait"}, "--distill-on-missing");
+  if (sources > 0 && c.device == "cuda") {
+    SINEW_THROW(InvalidArgument,
+                "distillation runs on the CPU only for now: drop --device cuda or the --distill-* source");
+  }
+  if (c.distill_prefetch < 0 || c.distill_prefetch > 1000)
+    SINEW_THROW(InvalidArgument, "--distill-prefetch must be in [0, 1000], got {}", c.distill_prefetch);
+  if (c.distill_threads < 1 || c.distill_threads > 64)
+    SINEW_THROW(InvalidArgument, "--distill-threads must be in [1, 64], got {}", c.distill_threads);
+  if (c.distill_job.empty() || c.distill_job.find_first_of("/ \t") != std::string::npos)
+    SINEW_THROW(InvalidArgument, "--distill-job must be a non-empty name without '/' or spaces, got '{}'",
+                c.distill_job);
+}
+}  // namespace
 
 void validate(const Config& c) {
   if (c.epochs < 1) SINEW_THROW(InvalidArgument, "--epochs must be >= 1, got {}", c.epochs);
@@ -341,6 +405,7 @@ void validate(const Config& c) {
     SINEW_THROW(InvalidArgument, "--resume: empty value; use auto, never or a checkpoint path");
   one_of(c.device, {"cpu", "cuda"}, "--device");
   if (c.device == "cuda") validate_cuda(c);
+  validate_distill(c);
   log::parse_level(c.log_level);
 }
 
@@ -374,6 +439,9 @@ nlohmann::json to_json(const Config& c) {
           {"elastic", std::string(name_of(kElasticNames, c.elastic))},
           {"lr_scaling", std::string(name_of(kLrScalingNames, c.lr_scaling))},
           {"global_batch", c.global_batch},
+          {"distill_alpha", c.distill_alpha},
+          {"distill_temperature", c.distill_temperature},
+          {"distilled", distilling(c)},
           {"seed", c.seed}};
 }
 

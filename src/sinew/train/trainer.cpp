@@ -2,9 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -15,6 +20,8 @@
 #include "sinew/core/timer.hpp"
 #include "sinew/data/dataset.hpp"
 #include "sinew/data/sampler.hpp"
+#include "sinew/distill/distiller.hpp"
+#include "sinew/distill/sources.hpp"
 #include "sinew/model/loss.hpp"
 #include "sinew/model/model.hpp"
 #include "sinew/mpi/environment.hpp"
@@ -65,6 +72,71 @@ optim::OptimizerOptions optimizer_options(const Config& c) {
 
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
 
+/// The job token of the teacher service: --distill-token-file, else $SINEW_JOB_TOKEN.
+std::string job_token(const Config& c) {
+  if (!c.distill_token_file.empty()) {
+    std::ifstream in(c.distill_token_file);
+    std::string token;
+    if (!in || !std::getline(in, token) || token.empty()) {
+      SINEW_THROW(InvalidArgument, "--distill-token-file {}: cannot read a token from it (one line)",
+                  c.distill_token_file);
+    }
+    return token;
+  }
+  const char* env = std::getenv("SINEW_JOB_TOKEN");
+  if (env == nullptr || *env == '\0') {
+    SINEW_THROW(
+        InvalidArgument,
+        "--distill-registry needs the job's token: give --distill-token-file FILE or set SINEW_JOB_TOKEN");
+  }
+  return env;
+}
+
+/// The teacher of --distill-*, or none.
+std::unique_ptr<distill::Distiller> make_distiller(const Config& c, const data::Dataset& train,
+                                                   const distill::ServiceFactory& service, int launch_rank,
+                                                   std::function<std::pair<int, int>()> position) {
+  if (!distilling(c)) return nullptr;
+  std::unique_ptr<distill::LogitSource> source;
+  if (!c.distill_table.empty()) {
+    source = distill::logit_table(c.distill_table, train);
+  } else if (!c.distill_teacher_checkpoint.empty()) {
+    source = distill::local_teacher(c.distill_teacher_checkpoint, train);
+  } else {
+    if (!service) {
+      SINEW_THROW(InvalidArgument, "--distill-registry: this program was built without the teacher service");
+    }
+    distill::ServiceSpec spec;
+    spec.registry = c.distill_registry;
+    spec.job = c.distill_job;
+    spec.token = job_token(c);
+    spec.dataset = data::fingerprint(train);
+    spec.dataset_size = train.size();
+    spec.classes = train.num_classes;
+    // Unique in the job across relaunches and spawned replacements: host, process and launch rank.
+    std::array<char, 256> host{};
+    gethostname(host.data(), host.size() - 1);
+    spec.student = fmt::format("{}-{}-r{}", host.data(), getpid(), launch_rank);
+    spec.position = std::move(position);
+    source = service(spec);
+  }
+  if (source->classes() != train.num_classes) {
+    SINEW_THROW(InvalidArgument, "the teacher ({}) has {} classes, the data set {}", source->describe(),
+                source->classes(), train.num_classes);
+  }
+  distill::DistillOptions o;
+  o.alpha = c.distill_alpha;
+  o.temperature = c.distill_temperature;
+  o.timeout = std::chrono::milliseconds(c.distill_timeout_ms);
+  // A rank that waits for logits holds the others in the next collective: its wait stays well inside
+  // that collective's deadline.
+  o.max_wait = std::chrono::milliseconds(
+      std::min(c.distill_max_wait_ms, std::max(c.distill_timeout_ms, c.timeout_ms / 2)));
+  o.on_missing = c.distill_on_missing == "wait" ? distill::OnMissing::kWait : distill::OnMissing::kLabels;
+  o.fetch_threads = c.distill_threads;
+  return std::make_unique<distill::Distiller>(o, std::move(source), train.size());
+}
+
 /// Running sums of the steps since the last metrics line (the window) and since the start (totals).
 struct StepStats {
   double loss = 0, step_ms = 0, comm_ms = 0;
@@ -72,11 +144,13 @@ struct StepStats {
   std::uint64_t bytes_sent = 0;  // by this rank, for the algorithm
   double total_step_ms = 0, total_comm_ms = 0;
   std::int64_t total_steps = 0;
+  double distill_wait_ms = 0;        // window: this rank's wait for teacher logits
+  std::int64_t distill_missing = 0;  // window: this rank's samples trained on labels alone
   Clock::time_point last_progress = Clock::now();
 
   void reset_window() {
-    loss = step_ms = comm_ms = 0;
-    steps = samples = 0;
+    loss = step_ms = comm_ms = distill_wait_ms = 0;
+    steps = samples = distill_missing = 0;
     bytes_sent = 0;
   }
 };
@@ -119,7 +193,13 @@ struct Trainer::Impl {
   Matrix x_, dlogits_;
   std::vector<std::int32_t> labels_;
 
-  Impl(Config c, membership::Group g)
+  // This rank's place in the group, for the teacher service's balancer (read from its threads).
+  std::atomic<int> student_rank{0}, student_size{1};
+  std::unique_ptr<distill::Distiller> distiller;  // --distill-*: the teacher's logits
+  std::vector<float> teacher_;                    // this micro-batch's teacher logits
+  std::vector<std::uint8_t> has_teacher_;
+
+  Impl(Config c, membership::Group g, const distill::ServiceFactory& service)
       : cfg(std::move(c)),
         group(std::move(g)),
         faults(cfg.inject_fault, group.launch_rank(), generation),
@@ -139,6 +219,15 @@ struct Trainer::Impl {
         setup(fabric_setup()),
         elastic(cfg, group, setup, state, lr, control, events, faults),
         checkpoints(cfg, setup.op, state, events, generation) {
+    // Before the group's first collective, so that a teacher that cannot be used fails the launch cleanly.
+    student_rank = group.rank();
+    student_size = group.size();
+    distiller = make_distiller(cfg, data.train, service, group.launch_rank(), [this] {
+      return std::pair{student_rank.load(), student_size.load()};
+    });
+    if (distiller && group.rank() == 0 && group.role() == membership::Role::kInitial)
+      spdlog::info("distilling from {} (alpha {}, T {})", distiller->describe(), cfg.distill_alpha,
+                   cfg.distill_temperature);
     if (group.spare()) {
       // A hot spare: the data and the model are loaded; it waits in run() until it is promoted.
     } else if (group.role() == membership::Role::kRecovered) {
@@ -295,6 +384,37 @@ struct Trainer::Impl {
     return left;
   }
 
+  /// Asks for the teacher logits of this rank's samples in the next --distill-prefetch steps (the sampler's
+  /// order is known; a resize makes some of them someone else's, which costs a request, nothing more).
+  void prefetch_teacher(int rank, int world, std::size_t step_total, std::size_t micro) {
+    if (!distiller || cfg.distill_prefetch == 0) return;
+    const std::size_t remaining = data.train.size() - sampler.cursor();
+    for (int d = 0; d <= cfg.distill_prefetch; ++d) {  // d = 0: this step, first in the queue
+      const std::size_t off = static_cast<std::size_t>(d) * step_total;
+      if (off >= remaining) break;
+      const std::size_t g = std::min(step_total, remaining - off);
+      for (std::size_t j = 0; j < g; j += micro)
+        distiller->prefetch(sampler.peek_range(rank, world, off + j, std::min(micro, g - j)).indices);
+    }
+  }
+
+  /// The loss of a micro-batch on the CPU: with a teacher, distillation (samples without teacher logits on
+  /// their labels alone, logged); without, cross-entropy. Fills dlogits_.
+  float batch_loss(const Matrix& logits, std::span<const std::size_t> indices, double denominator,
+                   std::int64_t step) {
+    if (!distiller) return model::softmax_cross_entropy(logits, labels_, dlogits_, denominator);
+    const auto got = distiller->take(indices, teacher_, has_teacher_);
+    stats.distill_wait_ms += got.wait_ms;
+    stats.distill_missing += static_cast<std::int64_t>(got.missing);
+    if (got.missing > 0) {
+      spdlog::warn(
+          "step {}: {} of {} samples trained on their labels alone (no teacher logits after {:.0f} ms: {})",
+          step, got.missing, got.samples, got.wait_ms, got.reason);
+    }
+    return model::distillation_loss(logits, labels_, teacher_, has_teacher_, cfg.distill_alpha,
+                                    cfg.distill_temperature, dlogits_, denominator);
+  }
+
   /// One optimiser step: the step's samples (several micro-batches with --global-batch), forward,
   /// backward with buckets reduced as they fill, the fused optimiser step; then the position advances.
   void train_step(Summary& sum) {
@@ -307,6 +427,9 @@ struct Trainer::Impl {
     const std::size_t k = (total + micro - 1) / micro;
     const float rate = lr.lr(state.position());
     if (k > 1) accum.assign(net.num_params(), 0.f);
+    student_rank = rank;
+    student_size = world;
+    prefetch_teacher(rank, world, total, micro);
     float local_loss = 0;
     bool first_ready = true;
     const bool reduce = f.algorithm().reduces_gradients(next);
@@ -361,7 +484,7 @@ struct Trainer::Impl {
         data.train.gather(batch.indices, x_.data(), labels_.data());
         const Matrix& logits = net.forward(x_);
         // Dividing by the step's global count makes the summed gradients the exact global mean.
-        local_loss += model::softmax_cross_entropy(logits, labels_, dlogits_, static_cast<double>(total));
+        local_loss += batch_loss(logits, batch.indices, static_cast<double>(total), next);
         if (j == 0) faults.at(Point::kBackward, next);
         if (last) {
           net.backward(dlogits_, ready);
@@ -399,6 +522,7 @@ struct Trainer::Impl {
     sampler.advance(total);
     state.pos().step = next;
     const double step_ms = ms_since(ts);
+    if (distiller) distiller->step_done(step_ms);
     const auto sent = f.take_bytes_sent();
     stats.bytes_sent += sent;
     sum.bytes_sent += sent;
@@ -429,7 +553,8 @@ struct Trainer::Impl {
   /// A metrics line (and the progress line) with the window's means; the loss is reduced over the group.
   void log_window(Summary& sum, float rate) {
     auto& f = fabric();
-    double agg[1] = {stats.loss};  // each rank's loss share sums to the global mean loss
+    // Each rank's loss share sums to the global mean loss; the distillation figures sum over the ranks.
+    double agg[3] = {stats.loss, stats.distill_wait_ms, static_cast<double>(stats.distill_missing)};
     f.backend().allreduce_sync(comm::Buffer::of(std::span<double>(agg)), comm::ReduceOp::kSum, setup.op);
     const auto steps = static_cast<double>(stats.steps);
     const double mean_loss = agg[0] / steps;
@@ -446,6 +571,11 @@ struct Trainer::Impl {
     e.comm_ms = stats.comm_ms / steps;
     e.exposed_comm_ms = f.last_exposed_ms();
     e.bytes_sent_per_step = static_cast<double>(stats.bytes_sent) / steps;
+    if (distiller) {
+      e.distilling = true;
+      e.distill_wait_ms = agg[1] / steps / static_cast<double>(f.size());
+      e.distill_missing = static_cast<std::int64_t>(agg[2]);
+    }
     events.emit(e);
     if (f.rank() == 0 && cfg.progress && seconds_since(stats.last_progress) > 2.0) {
       stats.last_progress = Clock::now();
@@ -634,15 +764,29 @@ struct Trainer::Impl {
     e.stopped_by_signal = sum.stopped_by_signal;
     e.below_min_ranks = sum.below_min_ranks;
     e.checkpoint_error = sum.checkpoint_error;
+    if (distiller) {
+      const auto t = distiller->totals();
+      e.teacher = distiller->describe();
+      e.distill_wait_ms_per_step = t.steps > 0 ? t.wait_ms / static_cast<double>(t.steps) : 0.0;
+      e.distill_missing = t.missing;
+      e.distill_failed_requests = t.failed_requests;
+      e.distill_failovers = t.failovers;
+      if (fabric().rank() == 0) {
+        spdlog::info(
+            "distillation: {:.2f} ms per step waiting for teacher logits, {} samples on labels alone, {} "
+            "requests failed over to another teacher, {} failed (rank 0)",
+            e.distill_wait_ms_per_step, t.missing, t.failovers, t.failed_requests);
+      }
+    }
     events.emit(e);
     return sum;
   }
 };
 
-Trainer::Trainer(Config config, const mpi::Communicator& comm)
-    : impl_(std::make_unique<Impl>(std::move(config), membership::Group::over(comm))) {}
-Trainer::Trainer(Config config, membership::Group group)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(group))) {}
+Trainer::Trainer(Config config, const mpi::Communicator& comm, distill::ServiceFactory service)
+    : impl_(std::make_unique<Impl>(std::move(config), membership::Group::over(comm), service)) {}
+Trainer::Trainer(Config config, membership::Group group, distill::ServiceFactory service)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(group), service)) {}
 Trainer::~Trainer() = default;
 Summary Trainer::run() { return impl_->run(); }
 const model::Model& Trainer::model() const { return impl_->net; }

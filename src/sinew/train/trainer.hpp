@@ -15,6 +15,7 @@
 
 #include <memory>
 
+#include "sinew/distill/source.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/communicator.hpp"
 #include "sinew/train/config.hpp"
@@ -31,10 +32,12 @@ class Trainer {
   /// Loads the data and builds the model, optimiser and communication over `comm` (duplicated), then
   /// resumes from a checkpoint if --resume asks for one. Throws InvalidArgument (bad configuration),
   /// DataError (bad data), CheckpointError (the requested checkpoint cannot be used).
-  Trainer(Config config, const mpi::Communicator& comm);
+  /// `service` makes the teacher service's source for --distill-registry (sinew-train passes
+  /// serve::service_source); without it that option is refused.
+  Trainer(Config config, const mpi::Communicator& comm, distill::ServiceFactory service = {});
   /// The same over a group (membership::Group::attach() in sinew-train): a process spawned to replace
   /// failed ranks takes its whole state from its peers' memory instead of loading or initialising it.
-  Trainer(Config config, membership::Group group);
+  Trainer(Config config, membership::Group group, distill::ServiceFactory service = {});
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
