@@ -62,6 +62,9 @@ packages=(
   slurm-wlm munge  # the local Slurm cluster (hpc/slurm/local-slurm.sh) of the slurm.* tests
   lmod  # `module load sinew` (the installed modulefile), tested by the install test
   glusterfs-server glusterfs-client  # the GlusterFS volume (hpc/pfs/glusterfs.sh) of the pfs.* tests
+  # distillation: the teacher service (gRPC), its registry (etcd, reached through libcurl)
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcurl4-openssl-dev
+  etcd-server etcd-client
 )
 if [ "${SINEW_WITH_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch libopenblas0)
