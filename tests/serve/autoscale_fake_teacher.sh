@@ -6,6 +6,8 @@
 # that a killed test leaves no teacher behind.
 #
 # Usage: autoscale_fake_teacher.sh ENDPOINT JOB SAMPLES_PER_S
+#   SAMPLES_PER_S "shared:R": the teachers share one core's R samples/s, as teachers pinned to the same
+#   core do: each publishes R / (teachers registered), updated every half second.
 set -euo pipefail
 
 [[ $# -eq 3 ]] || { echo "usage: autoscale_fake_teacher.sh ENDPOINT JOB SAMPLES_PER_S" >&2; exit 2; }
@@ -18,9 +20,25 @@ post() { curl -sf --noproxy '*' --max-time 2 -X POST -d "$2" "$endpoint$1"; }
 lease=$(post /v3/lease/grant '{"TTL": 3}' | sed -n 's/.*"ID":"\([0-9]*\)".*/\1/p')
 [[ -n $lease ]] || { echo "fake teacher $$: etcd at $endpoint granted no lease" >&2; exit 1; }
 key=/sinew/$job/teachers/fake-$$
-value=$(printf '{"id":"fake-%d","address":"127.0.0.1:9","model":"fake","classes":10,"dataset":"fake","samples_per_s":%s,"pid":%d,"step":0}' \
-  $$ "$rate" $$)
-post /v3/kv/put "{\"key\":\"$(b64 "$key")\",\"value\":\"$(b64 "$value")\",\"lease\":\"$lease\"}" >/dev/null
+shared=
+if [[ $rate == shared:* ]]; then
+  shared=${rate#shared:}
+  rate=$shared
+fi
+publish() {
+  local value
+  value=$(printf '{"id":"fake-%d","address":"127.0.0.1:9","model":"fake","classes":10,"dataset":"fake","samples_per_s":%s,"pid":%d,"step":0}' \
+    $$ "$1" $$)
+  post /v3/kv/put "{\"key\":\"$(b64 "$key")\",\"value\":\"$(b64 "$value")\",\"lease\":\"$lease\"}" >/dev/null
+}
+# The teachers registered now (a range over the prefix, counted).
+teachers() {
+  local prefix=/sinew/$job/teachers/ end
+  end=${prefix%/}0  # '/' + 1 = '0': every key under the prefix
+  post /v3/kv/range "{\"key\":\"$(b64 "$prefix")\",\"range_end\":\"$(b64 "$end")\",\"count_only\":true}" |
+    sed -n 's/.*"count":"\([0-9]*\)".*/\1/p'
+}
+publish "$rate"
 
 stopping=0
 trap 'stopping=1' TERM INT
@@ -28,6 +46,10 @@ sleeper=
 while ((stopping == 0)); do
   kill -0 "$parent" 2>/dev/null || break
   post /v3/lease/keepalive "{\"ID\":\"$lease\"}" >/dev/null || true
+  if [[ -n $shared ]]; then
+    n=$(teachers || true)
+    [[ ${n:-0} -ge 1 ]] && publish $((shared / n))
+  fi
   # In the background: a signal ends `wait` at once (a foreground sleep would delay the trap).
   sleep 0.5 &
   sleeper=$!

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -223,6 +224,24 @@ TEST(AutoscaleEtcd, StartsAndStopsRealTeachers) {
   };
   const auto registered = [&] { return etcd.list(teachers_prefix(job)).size(); };
   students(50);
+  // Real students get faster with each teacher that has a core of its own: 150 samples/s per teacher.
+  std::atomic<bool> waiting{true}, done{false};
+  std::thread faster([&] {
+    while (!done) {
+      if (waiting) {
+        const auto n = static_cast<double>(std::max<std::size_t>(1, registered()));
+        for (const char* s : {"s0", "s1"}) {
+          etcd.put(students_prefix(job) + s, nlohmann::json{{"student", s},
+                                                            {"wait_ms_per_step", 50.0},
+                                                            {"step_ms", 100.0},
+                                                            {"samples_per_s", 75.0 * n},
+                                                            {"missing_fraction", 0.0}}
+                                                 .dump());
+        }
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  });
 
   std::vector<int> pids;
   {
@@ -234,6 +253,9 @@ TEST(AutoscaleEtcd, StartsAndStopsRealTeachers) {
 
     // Students stop waiting: 2000 samples/s for 300 is far more than needed; the second one goes, and
     // its key with it (the teacher revokes its lease on SIGTERM).
+    waiting = false;
+    done = true;
+    faster.join();
     students(0);
     EXPECT_TRUE(within(20s, [&] { return scaler.running() == 1 && registered() == 1; }))
         << scaler.running() << " running, " << registered() << " registered";
@@ -281,6 +303,57 @@ TEST(AutoscaleEtcd, StartsAndStopsRealTeachers) {
   EXPECT_EQ(died, 1);
   etcd.erase(students_prefix(job) + "s0");
   etcd.erase(students_prefix(job) + "s1");
+  std::filesystem::remove(events);
+}
+
+// Teachers that share one core (the stand-in publishes R / teachers registered): the second one adds
+// nothing, so it is stopped again, and no second one is started while the hold lasts, although the
+// students still wait.
+TEST(AutoscaleEtcd, TakesBackATeacherThatAddsNoCapacity) {
+  const char* env = std::getenv("SINEW_ETCD");  // NOLINT(concurrency-mt-unsafe)
+  const std::string endpoint = env != nullptr ? env : "";
+  if (endpoint.empty()) GTEST_SKIP() << "SINEW_ETCD is not set (run under with_etcd.sh)";
+  const std::string job = "autoscale-shared-" + std::to_string(::getpid());
+  const auto events = (std::filesystem::temp_directory_path() / (job + ".jsonl")).string();
+  Etcd etcd(endpoint);
+  AutoscaleOptions opt;
+  opt.registry = endpoint;
+  opt.job = job;
+  opt.teacher_command = {"bash", std::string(SINEW_SOURCE_DIR) + "/tests/serve/autoscale_fake_teacher.sh",
+                         endpoint, job, "shared:1000"};
+  opt.min_teachers = 1;
+  opt.max_teachers = 3;
+  opt.interval_s = 0.2;
+  opt.cooldown_s = 1.0;
+  opt.events = events;
+  etcd.put(students_prefix(job) + "s0", nlohmann::json{{"student", "s0"},
+                                                       {"wait_ms_per_step", 50.0},
+                                                       {"step_ms", 100.0},
+                                                       {"samples_per_s", 900.0},
+                                                       {"missing_fraction", 0.0}}
+                                            .dump());
+  {
+    Autoscaler scaler(opt);
+    std::thread loop([&] { scaler.run(); });
+    const auto taken_back = [&] {
+      for (const auto& e : read_events(events)) {
+        if (e["event"] == "stop" &&
+            e["reason"].get<std::string>().find("share their cores") != std::string::npos)
+          return true;
+      }
+      return false;
+    };
+    EXPECT_TRUE(within(30s, taken_back)) << "the second teacher was not taken back";
+    // The hold: students still wait, but no teacher is started again.
+    std::this_thread::sleep_for(3s);
+    int starts = 0;
+    for (const auto& e : read_events(events)) starts += e["event"] == "start" ? 1 : 0;
+    EXPECT_EQ(starts, 2);
+    EXPECT_EQ(scaler.running(), 1);
+    scaler.stop();
+    loop.join();
+  }
+  etcd.erase(students_prefix(job) + "s0");
   std::filesystem::remove(events);
 }
 

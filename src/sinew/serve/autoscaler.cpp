@@ -45,6 +45,14 @@ constexpr double kTermGraceS = 5.0;
 constexpr double kRegisterWithinS = 120.0;
 /// Children are reaped (and stopped ones killed when late) this often, between observations.
 constexpr auto kReapEvery = 100ms;
+/// A teacher started while others ran must make the students faster by at least this share of what an
+/// average teacher gave them; one that does less (teachers sharing cores, a saturated host) is stopped
+/// again ...
+constexpr double kMinGain = 0.5;
+/// ... and for this long no more teachers than the ones before it are started.
+constexpr double kCeilingHoldS = 60.0;
+/// The shortest time a new teacher is registered before its gain is judged.
+constexpr double kProbeSettleS = 2.0;
 /// One registry request; an observation takes two.
 constexpr auto kEtcdTimeout = 3s;
 
@@ -302,6 +310,7 @@ void Autoscaler::act(double now, const Observation& o, const std::set<int>& regi
     if (c.stopping || c.registered) continue;
     if (registered_pids.contains(c.pid)) {
       c.registered = true;
+      c.registered_s = now;
       spdlog::info("autoscale: teacher pid {} registered after {:.1f} s", c.pid, now - c.started_s);
     } else if (now - c.started_s > kRegisterWithinS) {
       if (!c.overdue) {
@@ -315,7 +324,39 @@ void Autoscaler::act(double now, const Observation& o, const std::set<int>& regi
     }
   }
   const bool cooling = pending || now - last_change_s_ < opt_.cooldown_s;
-  auto d = decide(o, running(), cooling, opt_);
+  // Did the last teacher started next to others make the students faster? Judged once it has been
+  // registered for the cooldown (at least kProbeSettleS: the students report one-second windows), by
+  // the same students (others coming or going change the demand for other reasons: no judgement).
+  const auto probed = std::find_if(children_.begin(), children_.end(), [&](const Child& c) {
+    return probe_ && c.pid == probe_->pid && !c.stopping;
+  });
+  if (probe_ && (probed == children_.end() || o.students != probe_->students)) probe_.reset();
+  if (probe_ && probed->registered &&
+      now - probed->registered_s >= std::max(opt_.cooldown_s, kProbeSettleS)) {
+    const double gain = o.demand - probe_->demand_before;
+    const double per_teacher = probe_->demand_before / probe_->teachers_before;
+    const int before = probe_->teachers_before;
+    probe_.reset();
+    if (gain < kMinGain * per_teacher) {
+      ceiling_ = before;
+      ceiling_until_s_ = now + kCeilingHoldS;
+      const auto reason = fmt::format(
+          "the last teacher made the students {:.0f} samples/s faster (from {:.0f}), less than half of the "
+          "{:.0f} "
+          "a teacher gave them: the teachers share their cores or host; at most {} teachers for {:.0f} s",
+          gain, o.demand - gain, per_teacher, before, kCeilingHoldS);
+      event(now, "observe", o, reason);
+      stop_teacher(now, o, reason);
+      return;
+    }
+  }
+  AutoscaleOptions limited = opt_;
+  if (now < ceiling_until_s_)
+    limited.max_teachers = std::max(limited.min_teachers, std::min(opt_.max_teachers, ceiling_));
+  auto d = decide(o, running(), cooling, limited);
+  if (d.action == Action::kStart && probe_ && running() >= opt_.min_teachers) {
+    d = {Action::kNone, fmt::format("{}; but the last teacher's gain is not judged yet", d.reason)};
+  }
   if (d.action == Action::kStart && now - last_unexpected_exit_s_ < opt_.cooldown_s) {
     // A teacher that dies at once would otherwise be restarted every interval.
     d = {Action::kNone,
@@ -386,6 +427,11 @@ void Autoscaler::start_teacher(double now, const Observation& o, const std::stri
   c.started_s = now;
   children_.push_back(c);
   running_.fetch_add(1);
+  if (o.teachers > 0 && o.students > 0 && o.demand > 0) {
+    probe_ = Probe{pid, o.demand, o.students, o.teachers};
+  } else {
+    probe_.reset();
+  }
   spdlog::info("autoscale: started teacher pid {}{} ({} running): {}", pid,
                cpu.empty() ? "" : " on cpus " + cpu, running(), reason);
   event(now, "start", o, reason, pid, cpu);

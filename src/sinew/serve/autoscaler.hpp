@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -64,6 +65,11 @@ struct Decision {
 ///   - wait_fraction or missing_fraction > target: start one, unless max_teachers are running;
 ///   - both < target / 4, more than min_teachers running, and the capacity left without the smallest
 ///     teacher still covers 1.25 x the demand: stop one.
+/// Autoscaler::run() adds one rule decide() cannot see: a teacher started next to others, while the
+/// students waited, must make the students faster by at least half of what an average teacher gave them;
+/// if it does not (teachers sharing cores, a saturated host or network), it is stopped again and no more
+/// teachers than before are started for 60 s. The students' own throughput is the judge: teachers
+/// measure only their compute rate, which does not drop when two of them take turns on one core.
 /// The hysteresis: between target / 4 and target nothing changes, so a wait hovering around the target
 /// does not flap; a teacher is only stopped when the others measurably cover the demand with a margin
 /// (a stop that pushes the wait back over the target would be undone one cooldown later); and the cooldown
@@ -97,6 +103,7 @@ class Autoscaler {
     int slot = 0;
     double started_s = 0;
     bool registered = false;
+    double registered_s = 0;
     bool stopping = false;
     double stop_sent_s = 0;
     bool killed = false;
@@ -120,6 +127,16 @@ class Autoscaler {
   std::FILE* events_ = nullptr;
   double start_s_ = 0;
   Observation last_;  // the latest observation, for the events between observations
+  /// The capacity before the last start next to running teachers, to check that the start paid off.
+  struct Probe {
+    int pid = 0;               ///< the teacher started
+    double demand_before = 0;  ///< the students' samples/s then (they were waiting for logits)
+    int students = 0;
+    int teachers_before = 0;
+  };
+  std::optional<Probe> probe_;
+  int ceiling_ = 0;  // while now < ceiling_until_s_: at most this many teachers
+  double ceiling_until_s_ = -1e300;
 
   std::mutex mu_;
   std::condition_variable wake_;
