@@ -19,4 +19,6 @@ echo "== checkpoints: write and restore vs dd (local disk, GlusterFS), cost on t
 bash "$here/checkpoint_bench.sh" "$out/checkpoint-dir" 3 "$out/checkpoint"
 /usr/bin/python3 "$here/plot.py" "$sinew_root/docs/img" "$out/allreduce-2.json" "$out/allreduce-4.json" \
   --train-step "$out/train_step_summary.json" --checkpoint "$out/checkpoint/checkpoint_summary.json"
+echo "== distillation: no teacher, in-process teacher, the service with 1 and 2 teachers, autoscaled, a table"
+SINEW_BUILD=$SINEW_BUILD_DIR bash "$here/distill_bench.sh" "$out/distill-dir" 3 "$out/distill.json"
 echo "plots written to docs/img/"
