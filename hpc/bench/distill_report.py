@@ -40,7 +40,6 @@ def plot(summary, path, teacher_accuracy):
     ax1.bar(range(len(ways)), sps, color=["#888888"] + ["#3b75af"] * (len(ways) - 1))
     ax1.set_xticks(range(len(ways)), labels, fontsize=7)
     ax1.set_ylabel("student throughput (1000 samples/s)")
-    ax1.set_yscale("log")
     for i, v in enumerate(sps):
         ax1.text(i, v, f"{v:.1f}k", ha="center", va="bottom", fontsize=7)
     acc = [100 * summary[w]["test_accuracy"] for w in ways]
