@@ -63,6 +63,10 @@ class ServiceSource final : public distill::LogitSource {
     }
   }
 
+  ServiceSource(const ServiceSource&) = delete;
+  ServiceSource& operator=(const ServiceSource&) = delete;
+  ServiceSource(ServiceSource&&) = delete;
+  ServiceSource& operator=(ServiceSource&&) = delete;
   ~ServiceSource() override {
     watch_.reset();  // no more updates into a half-destroyed object
     registration_.reset();

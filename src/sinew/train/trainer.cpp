@@ -83,7 +83,7 @@ std::string job_token(const Config& c) {
     }
     return token;
   }
-  const char* env = std::getenv("SINEW_JOB_TOKEN");
+  const char* env = std::getenv("SINEW_JOB_TOKEN");  // NOLINT(concurrency-mt-unsafe): nothing sets it
   if (env == nullptr || *env == '\0') {
     SINEW_THROW(
         InvalidArgument,
@@ -783,9 +783,9 @@ struct Trainer::Impl {
   }
 };
 
-Trainer::Trainer(Config config, const mpi::Communicator& comm, distill::ServiceFactory service)
+Trainer::Trainer(Config config, const mpi::Communicator& comm, const distill::ServiceFactory& service)
     : impl_(std::make_unique<Impl>(std::move(config), membership::Group::over(comm), service)) {}
-Trainer::Trainer(Config config, membership::Group group, distill::ServiceFactory service)
+Trainer::Trainer(Config config, membership::Group group, const distill::ServiceFactory& service)
     : impl_(std::make_unique<Impl>(std::move(config), std::move(group), service)) {}
 Trainer::~Trainer() = default;
 Summary Trainer::run() { return impl_->run(); }

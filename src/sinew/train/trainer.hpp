@@ -34,10 +34,10 @@ class Trainer {
   /// DataError (bad data), CheckpointError (the requested checkpoint cannot be used).
   /// `service` makes the teacher service's source for --distill-registry (sinew-train passes
   /// serve::service_source); without it that option is refused.
-  Trainer(Config config, const mpi::Communicator& comm, distill::ServiceFactory service = {});
+  Trainer(Config config, const mpi::Communicator& comm, const distill::ServiceFactory& service = {});
   /// The same over a group (membership::Group::attach() in sinew-train): a process spawned to replace
   /// failed ranks takes its whole state from its peers' memory instead of loading or initialising it.
-  Trainer(Config config, membership::Group group, distill::ServiceFactory service = {});
+  Trainer(Config config, membership::Group group, const distill::ServiceFactory& service = {});
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
