@@ -1,16 +1,17 @@
 #!/usr/bin/python3
 """Recovery benchmark: the same failure (a rank SIGKILLed inside the gradient allreduce) recovered four
-ways at 4 ranks, in one run: three in place (ULFM) and one in restart mode (sinew-supervise relaunches
-from the latest checkpoint). Prints the breakdown of each in one table, writes JSON and a PNG.
+ways at N ranks (--ranks, default 4), in one run: three in place (ULFM) and one in restart mode
+(sinew-supervise relaunches from the latest checkpoint). Prints the breakdown of each in one table, writes
+JSON and a PNG.
 
 In place:  --grow false: detect (kill -> error at the survivors), revoke, shrink, agree, rebuild
            (backends, buckets, checkpoint writer), state sync (from the most advanced survivor's memory),
-           first step; the job goes on at 3 ranks.
-Spare:     4+1 launched with --spares 1: the same steps, the pool's revoke/shrink/agree promoting the idle
-           spare (it has the data loaded), which takes the state from the members' memory; back to 4, no
+           first step; the job goes on at N-1 ranks.
+Spare:     N+1 launched with --spares 1: the same steps, the pool's revoke/shrink/agree promoting the idle
+           spare (it has the data loaded), which takes the state from the members' memory; back to N, no
            spawn (spawn 0).
 Spawn:     --grow true, no spares: as in place, then spawn (MPI_Comm_spawn of the replacement, its start-up
-           and data loading, merge, rebuild and state sync of the grown view); back to 4.
+           and data loading, merge, rebuild and state sync of the grown view); back to N.
 Restart:   detect (kill -> the job has exited), relaunch (mpirun, MPI start-up, data loading),
            checkpoint load, first step, and the replay of the steps lost since that checkpoint.
 
@@ -19,8 +20,12 @@ in place, spare and spawn as the failure event's detected_unix_time minus the ki
 event's total_ms (detection -> first step done); `other` is the part of that total outside the named
 parts. Medians over --rounds rounds.
 
-usage: recovery_bench.py [--rounds N] [--train BIN] [--json FILE] [--png FILE]   (run from the repository
-       root; BIN defaults to $SINEW_BUILD_DIR/apps/sinew-train)
+The killed rank is launch rank 2 (rank 1 at --ranks 2). Every run trains on 16384 samples (4096 per rank
+from 5 ranks up, so that an epoch still reaches the failed step).
+
+usage: recovery_bench.py [--ranks N] [--rounds R] [--train BIN] [--json FILE] [--png FILE]   (run from the
+       repository root; BIN defaults to $SINEW_BUILD_DIR/apps/sinew-train; --json and --png default to the
+       4-rank results that docs/benchmarks.md shows, pass others when measuring another size)
 """
 import argparse
 import json
@@ -44,27 +49,35 @@ def env():
 
 FAIL_STEP = 60
 CKPT_EVERY = 50
-RANKS = 4
-
-# The in-place modes: processes launched, their options, and the world size after the recovery.
-IN_PLACE = {
-    "in place": (RANKS, ["--grow", "false"], RANKS - 1),
-    "spare": (RANKS + 1, ["--grow", "true", "--spares", "1"], RANKS),
-    "spawn": (RANKS, ["--grow", "true"], RANKS),
-}
+BATCH = 64
 MODES = ["in place", "spare", "spawn", "restart"]
 # Rows of the table, in the order they happen (a mode shows "-" for a part it does not have).
 PARTS = ["detect", "revoke", "shrink", "agree", "rebuild", "state sync", "spawn", "relaunch",
          "checkpoint load", "first step", "replay", "other"]
-LABELS = {"in place": "in place (ULFM, 3 left)", "spare": "hot spare (4+1)", "spawn": "spawn (ULFM + spawn)",
-          "restart": "restart (relaunch)"}
 
 
-def common(d):
-    return ["--dataset", "fashion-mnist", "--limit-train", "16384", "--limit-test", "2000", "--model",
-            "mlp:512,512", "--epochs", "1", "--batch-size", "64", "--progress", "false", "--log-every", "1",
-            "--metrics", f"{d}/metrics.jsonl", "--checkpoint-dir", f"{d}/ckpt", "--checkpoint-every",
-            str(CKPT_EVERY), "--inject-fault", f"2:allreduce:{FAIL_STEP}"]
+def in_place_modes(ranks):
+    """The in-place modes: processes launched, their options, and the world size after the recovery."""
+    return {
+        "in place": (ranks, ["--grow", "false"], ranks - 1),
+        "spare": (ranks + 1, ["--grow", "true", "--spares", "1"], ranks),
+        "spawn": (ranks, ["--grow", "true"], ranks),
+    }
+
+
+def mode_labels(ranks):
+    return {"in place": f"in place (ULFM, {ranks - 1} left)", "spare": f"hot spare ({ranks}+1)",
+            "spawn": "spawn (ULFM + spawn)", "restart": "restart (relaunch)"}
+
+
+def common(d, ranks):
+    # The victim is a training rank (never the spare, launch rank `ranks`); an epoch reaches the failed step.
+    victim = min(2, ranks - 1)
+    samples = max(16384, (FAIL_STEP + 4) * BATCH * ranks)
+    return ["--dataset", "fashion-mnist", "--limit-train", str(samples), "--limit-test", "2000", "--model",
+            "mlp:512,512", "--epochs", "1", "--batch-size", str(BATCH), "--progress", "false", "--log-every",
+            "1", "--metrics", f"{d}/metrics.jsonl", "--checkpoint-dir", f"{d}/ckpt", "--checkpoint-every",
+            str(CKPT_EVERY), "--inject-fault", f"{victim}:allreduce:{FAIL_STEP}"]
 
 
 def kill_time(text):
@@ -79,11 +92,11 @@ def events(path):
         return [json.loads(l) for l in f if l.strip()]
 
 
-def in_place(mode, mpirun, flags, train):
+def in_place(mode, ranks, mpirun, flags, train):
     """One run of an in-place mode: (parts, total, details)."""
-    procs, options, world = IN_PLACE[mode]
+    procs, options, world = in_place_modes(ranks)[mode]
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([mpirun, *flags, "-n", str(procs), train, *common(d), *options],
+        r = subprocess.run([mpirun, *flags, "-n", str(procs), train, *common(d, ranks), *options],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise SystemExit(f"{mode} run failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -114,10 +127,10 @@ def in_place(mode, mpirun, flags, train):
         return parts, total, details
 
 
-def restart(train):
+def restart(ranks, train):
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([f"{ROOT}/mpi_scripts/sinew-supervise", "-n", str(RANKS), "--events", f"{d}/sup.jsonl",
-                            "--", train, *common(d), "--grow", "false", "--elastic", "restart"],
+        r = subprocess.run([f"{ROOT}/mpi_scripts/sinew-supervise", "-n", str(ranks), "--events", f"{d}/sup.jsonl",
+                            "--", train, *common(d, ranks), "--grow", "false", "--elastic", "restart"],
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"restart run failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -137,16 +150,21 @@ def restart(train):
                  "first step": (first["unix_time"] - res["unix_time"]) * 1e3,
                  "replay": (back["unix_time"] - first["unix_time"]) * 1e3}
         total = (back["unix_time"] - t_kill) * 1e3
-        return parts, total, {"world_size": RANKS, "launched": RANKS}
+        return parts, total, {"world_size": ranks, "launched": ranks}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=4, help="training ranks before the failure (default 4)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--train", help="the sinew-train to run (default $SINEW_BUILD_DIR/apps/sinew-train)")
     ap.add_argument("--json", default=os.path.join(ROOT, "hpc/bench/results/recovery.json"))
     ap.add_argument("--png", default=os.path.join(ROOT, "docs/img/recovery.png"))
     a = ap.parse_args()
+    if a.ranks < 2:
+        ap.error("--ranks must be at least 2 (one rank is killed, the others recover)")
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     mpirun, flags, build = env()
     train = a.train or f"{build}/apps/sinew-train"
     if not os.access(train, os.X_OK):
@@ -154,7 +172,8 @@ def main():
     runs = {mode: [] for mode in MODES}
     for k in range(a.rounds):
         for mode in MODES:
-            runs[mode].append(restart(train) if mode == "restart" else in_place(mode, mpirun, flags, train))
+            runs[mode].append(restart(a.ranks, train) if mode == "restart"
+                              else in_place(mode, a.ranks, mpirun, flags, train))
         print(f"round {k + 1}/{a.rounds}: " + ", ".join(f"{m} {runs[m][-1][1]:.1f} ms" for m in MODES),
               file=sys.stderr)
     out = {}
@@ -169,18 +188,19 @@ def main():
     out["restart_over_in_place"] = out["restart"]["total_ms"] / out["in place"]["total_ms"]
     out["restart_over_spare"] = out["restart"]["total_ms"] / out["spare"]["total_ms"]
     out["spawn_over_spare"] = out["spawn"]["total_ms"] / out["spare"]["total_ms"]
-    print(table(out, a.rounds))
+    print(table(out, a.rounds, a.ranks))
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
-    plot(out, a.png)
+    plot(out, a.png, a.ranks)
 
 
-def table(out, rounds):
-    lines = [f"# recovery from one rank SIGKILLed in the gradient allreduce of step {FAIL_STEP}, {RANKS} ranks, "
+def table(out, rounds, ranks):
+    lines = [f"# recovery from one rank SIGKILLed in the gradient allreduce of step {FAIL_STEP}, {ranks} ranks, "
              f"MLP 784-512-512-10, checkpoint every {CKPT_EVERY} steps; medians of {rounds} rounds (ms)",
-             "# spare: 4+1 launched with --spares 1, its revoke/shrink/agree are the pool's reform that promotes "
-             "the spare; spawn: --grow true, spawn = the replacement's spawn, start-up, merge and state sync",
+             f"# spare: {ranks}+1 launched with --spares 1, its revoke/shrink/agree are the pool's reform that "
+             "promotes the spare; spawn: --grow true, spawn = the replacement's spawn, start-up, merge and "
+             "state sync",
              f"{'':>16}" + "".join(f"{m:>12}" for m in MODES)]
     for part in PARTS:
         if not any(part in out[m]["parts_ms"] for m in MODES):
@@ -199,7 +219,7 @@ def table(out, rounds):
     return "\n".join(lines)
 
 
-def plot(out, png):
+def plot(out, png, ranks):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -219,10 +239,10 @@ def plot(out, png):
     seen = dict(zip(labels, handles))  # one entry per part
     ax.legend([seen[p] for p in PARTS if p in seen], [p for p in PARTS if p in seen], fontsize=6, ncol=2,
               loc="lower right")
-    ax.set_yticks(range(len(order)), [LABELS[m] for m in order])
+    ax.set_yticks(range(len(order)), [mode_labels(ranks)[m] for m in order])
     ax.set_xlim(0, longest * 1.15)
     ax.set_xlabel("ms from the kill until training is back at the failed step")
-    ax.set_title(f"Recovery, 4 ranks, one rank killed (restart / spare = {out['restart_over_spare']:.0f}x, "
+    ax.set_title(f"Recovery, {ranks} ranks, one rank killed (restart / spare = {out['restart_over_spare']:.0f}x, "
                  f"spawn / spare = {out['spawn_over_spare']:.0f}x)", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
