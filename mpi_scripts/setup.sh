@@ -65,6 +65,7 @@ packages=(
   # distillation: the teacher service (gRPC), its registry (etcd, reached through libcurl)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcurl4-openssl-dev
   etcd-server etcd-client
+  libsimgrid-dev  # the scale model (hpc/sim/, SimGrid's S4U) and its sim.calibration test
 )
 if [ "${SINEW_WITH_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch libopenblas0)

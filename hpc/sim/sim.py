@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+"""The scale model's driver (docs/scale.md): runs sinew-sim (one simulation per process) for the check
+against the calibration, the sweep of predictions, and the validation against published figures, and
+turns the results into tables and plots.
+
+  sim.py check    --sim BIN [--calibration F]         the model at 4 ranks on the calibration machine
+                                                      against what was measured there (fitted at 3);
+                                                      sampled loops against full simulations
+  sim.py sweep    --sim BIN [--out F] [--ranks LIST]  step times and recoveries at 4 ... 16 384 ranks
+  sim.py validate --sim BIN [--out F]                 the model next to published figures
+  sim.py report   [--results F] [--validation F] [--img DIR] [--tables F]
+
+check exits 77 (skipped) when sinew-sim was not built (no SimGrid), 1 when the model is off by more
+than the tolerance.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CALIBRATION = os.path.join(HERE, "calibration.json")
+PLATFORMS = ["hdr200", "edr100", "eth10"]
+RANKS = [4, 16, 64, 256, 1024, 4096, 16384]
+ALGORITHMS = ["ring", "tree", "bytegrad", "decentralized", "low-precision-decentralized"]
+MODES = ["in-place", "spare", "spawn", "restart"]
+# A second workload, stated rather than measured: a ResNet-50-sized model (25.6 M parameters) with
+# 100 ms of computation per step and rank (a GPU's step at a per-GPU batch of a few dozen images), in
+# PyTorch DDP's 25 MB buckets.
+LARGE = ["--params", "25.6e6", "--compute-ms", "100", "--bucket-mb", "25"]
+TOLERANCE = 0.25          # the model at 4 ranks against the measurement
+# Disagreements the model does not try to capture, with the reason (docs/scale.md).
+def known(measured):
+    """Disagreements the model does not try to capture: row -> (reason, the looser tolerance that still
+    holds it). The reasons quote the calibration."""
+    rec, launch = measured["recovery"], measured["launch"]["mpi_init_exit_s"]
+    grow = rec["4"]["restart"]["parts_ms"]["relaunch"] - rec["3"]["restart"]["parts_ms"]["relaunch"]
+    bare = (launch["4"] - launch["3"]) * 1e3
+    start = (f"the relaunch of sinew-train grows by {grow:.0f} ms from 3 to 4 processes on this machine, the bare "
+             f"MPI program that calibrates a process's start by {bare:.0f} ms", 0.40)
+    return {"recovery restart (fit 3): total": start, "recovery restart (fit 3): relaunch": start}
+SAMPLE_TOLERANCE = 0.15   # a sampled loop against the full simulation
+
+
+def platform_file(name):
+    return "local" if name == "local" else os.path.join(HERE, "platforms", f"{name}.json")
+
+
+def sim(binary, calibration, *args):
+    """One simulation; its JSON line."""
+    cmd = [binary, *args, "--calibration", calibration]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise SystemExit(f"sim.py: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_all(binary, calibration, jobs, runs):
+    """Runs the argument lists of `runs` (two processes at a time by default), in order."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(sim, binary, calibration, *args) for args in runs]
+        return [f.result() for f in futures]
+
+
+def off(model, measured):
+    return (model - measured) / measured
+
+
+# Sinew's algorithms as calibrate.py names their measurements (the tree is the exact allreduce's other
+# shape: Sinew has none of its own, so it takes the ring's figures).
+MEASURED = {"ring": "allreduce-ring", "bytegrad": "bytegrad", "decentralized": "decentralized",
+            "low-precision-decentralized": "low-precision-decentralized"}
+
+
+def overheads(binary, calibration, jobs):
+    """Per algorithm: the CPU time per step and million parameters that the simulated 2-rank step on the
+    calibration machine (one rank per core) leaves unexplained by its messages and passes, never
+    negative. The model charges it on every step at every size: a prediction at 4 ranks and beyond,
+    not a fit there."""
+    with open(calibration) as f:
+        measured = json.load(f)
+    mparams = measured["workload"]["params"] / 1e6
+    results = run_all(binary, calibration, jobs,
+                      [["step", "--platform", "local", "--ranks", "2", "--algorithm", alg] for alg in MEASURED])
+    out = {alg: max(0.0, (measured["step"][name]["2"]["step_ms"] - r["step_ms"]) / mparams)
+           for (alg, name), r in zip(MEASURED.items(), results)}
+    out["tree"] = out["ring"]
+    return out
+
+
+def overhead_args(ovh, algorithm):
+    return ["--overhead-ms-per-mparam", f"{ovh[algorithm]:.6g}"]
+
+
+def check(a):
+    if not a.sim or not os.path.exists(a.sim):
+        print("sim.py check: sinew-sim was not built (SimGrid missing: apt-get install libsimgrid-dev); skipped")
+        return 77
+    with open(a.calibration) as f:
+        measured = json.load(f)
+    ovh = overheads(a.sim, a.calibration, a.jobs)
+    disagreements = known(measured)
+    failures = []
+    rows = []  # (name, model, measured, counts): counts = the tolerance applies
+    runs = [["step", "--platform", "local", "--ranks", "4", "--algorithm", alg, *overhead_args(ovh, alg)]
+            for alg in MEASURED]
+    modes = {"in-place": "in place", "spare": "spare", "spawn": "spawn", "restart": "restart"}
+    ring = overhead_args(ovh, "ring")
+    # The recoveries at 4 ranks with the software costs fitted at 3 ranks (a prediction), then fitted at
+    # 4 (what the sweep uses: there the breakdown is reproduced largely by construction).
+    for fit in ("3", "4"):
+        runs += [["recover", "--platform", "local", "--ranks", "4", "--mode", m, "--fit-ranks", fit, *ring]
+                 for m in modes]
+    # Sampling: the ring and ByteGrad at 256 ranks, sampled (the default) and simulated in full.
+    for alg in ["ring", "bytegrad"]:
+        for sample in ["64", "0"]:
+            runs.append(["step", "--platform", platform_file("hdr200"), "--ranks", "256", "--algorithm", alg,
+                         "--sample", sample])
+    results = run_all(a.sim, a.calibration, a.jobs, runs)
+    for alg, res in zip(MEASURED, results):
+        rows.append((f"step {alg}", res["step_ms"], measured["step"][MEASURED[alg]]["4"]["step_ms"], True))
+    for k, fit in enumerate(("3", "4")):
+        for mode, res in zip(modes, results[4 + 4 * k: 8 + 4 * k]):
+            meas = measured["recovery"]["4"][modes[mode]]
+            rows.append((f"recovery {mode} (fit {fit}): total", res["total_ms"], meas["total_ms"], fit == "3"))
+            for part, value in meas["parts_ms"].items():
+                # Parts that weigh in the total (a tenth of it or more); the others are within the noise.
+                if value >= 0.1 * meas["total_ms"]:
+                    model = res["parts_ms"].get("relaunch", 0) + res["parts_ms"].get("data load", 0) \
+                        if part == "relaunch" else res["parts_ms"].get(part)
+                    rows.append((f"recovery {mode} (fit {fit}): {part}", model, value, fit == "3"))
+    print(f"# sinew-sim on the calibration machine at 4 ranks vs measured there; tolerance {TOLERANCE:.0%} on the "
+          "predictions. Steps: compute from 1 rank, memory from the allreduce benchmark at 2-4 ranks, each "
+          "algorithm's unexplained CPU time from its 2-rank step (ms per step and M parameters: " +
+          ", ".join(f"{alg} {v:.3g}" for alg, v in ovh.items()) + "). Recoveries: software costs fitted at "
+          "3 ranks (predictions) and at 4 (the sweep's fit, for information)")
+    print(f"{'':48} {'model_ms':>10} {'measured_ms':>12} {'off':>7}")
+    for name, model, meas, counts in rows:
+        o = off(model, meas)
+        note = ""
+        if abs(o) > TOLERANCE:
+            if not counts:
+                note = "  (for information)"
+            elif name in disagreements and abs(o) <= disagreements[name][1]:
+                reason, tolerance = disagreements[name]
+                note = f"  known (within {tolerance:.0%}): {reason}"
+            else:
+                note = "  FAILED"
+                failures.append(name)
+        print(f"{name:48} {model:10.2f} {meas:12.2f} {o:+7.1%}{note}")
+    print(f"# sampled loops (--sample 64) vs full simulation, hdr200, 256 ranks; tolerance {SAMPLE_TOLERANCE:.0%}")
+    for i, alg in enumerate(["ring", "bytegrad"]):
+        sampled, full = results[12 + 2 * i], results[13 + 2 * i]
+        o = off(sampled["exposed_comm_ms"], full["exposed_comm_ms"])
+        bad = abs(o) > SAMPLE_TOLERANCE
+        print(f"{alg + ' exposed comm':48} {sampled['exposed_comm_ms']:10.3f} {full['exposed_comm_ms']:12.3f} "
+              f"{o:+7.1%}{'  FAILED' if bad else ''}")
+        if bad:
+            failures.append(f"sampling {alg}")
+    if failures:
+        print(f"sim.py check: FAILED: {', '.join(failures)}")
+        return 1
+    print("sim.py check: the model reproduces the calibration machine within the tolerance")
+    return 0
+
+
+def sweep(a):
+    ranks = [int(r) for r in a.ranks.split(",")]
+    ovh = overheads(a.sim, a.calibration, a.jobs)
+    runs = []
+    for p in PLATFORMS:
+        for n in ranks:
+            for alg in ALGORITHMS:
+                step = ["step", "--platform", platform_file(p), "--ranks", str(n), "--algorithm", alg,
+                        *overhead_args(ovh, alg)]
+                runs.append(step)
+                if alg != "low-precision-decentralized":
+                    runs.append([*step, *LARGE])
+            for m in MODES:
+                recover = ["recover", "--platform", platform_file(p), "--ranks", str(n), "--mode", m,
+                           *overhead_args(ovh, "ring")]
+                runs.append(recover)
+                if p == "hdr200":
+                    runs.append([*recover, "--failure", "node"])
+    # The largest simulations first, so that the last ones to finish are short.
+    runs.sort(key=lambda r: -int(r[r.index("--ranks") + 1]))
+    print(f"sim.py sweep: {len(runs)} simulations, {a.jobs} at a time", file=sys.stderr)
+    results = run_all(a.sim, a.calibration, a.jobs, runs)
+    out = {"steps": [r for r in results if "algorithm" in r], "recoveries": [r for r in results if "mode" in r]}
+    write_json(a.out, out)
+    return 0
+
+
+def validate(a):
+    with open(os.path.join(HERE, "published.json")) as f:
+        pub = json.load(f)
+    ovh = overheads(a.sim, a.calibration, a.jobs)
+    runs, points = [], []
+    for p in pub["points"]:
+        n = p.get("ranks")
+        if not n:
+            continue  # a configuration default, an input of the model rather than a figure to compare
+        if p["what"] == "allreduce" and p.get("nodes") != 1:
+            for alg in ["ring", "tree"]:
+                runs.append(["step", "--platform", platform_file("hdr200"), "--ranks", str(n), "--algorithm", alg,
+                             "--params", str(p["bytes"] / 4), "--compute-ms", "0", "--bucket-mb", "1e9"])
+            points.append((p, "allreduce"))
+        elif p["what"].startswith("launch"):
+            runs.append(["recover", "--platform", platform_file("hdr200"), "--ranks", str(n), "--mode", "restart",
+                         *overhead_args(ovh, "ring")])
+            points.append((p, "launch"))
+    results = run_all(a.sim, a.calibration, a.jobs, runs)
+    out, i = [], 0
+    for p, kind in points:
+        if kind == "allreduce":
+            ring, tree = results[i], results[i + 1]
+            i += 2
+            model = min(ring["exposed_comm_ms"], tree["exposed_comm_ms"])
+            how = f"min(ring {ring['exposed_comm_ms']:.3g}, tree {tree['exposed_comm_ms']:.3g}) ms"
+        else:
+            r = results[i]
+            i += 1
+            model = r["parts_ms"]["relaunch"]
+            how = "restart's relaunch part (daemons, processes, PMIx fence)"
+        out.append({**p, "model_ms": model, "model": how, "platform": "hdr200"})
+    write_json(a.out, {"points": out, "sources": pub["sources"]})
+    return 0
+
+
+def write_json(path, data):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["check", "sweep", "validate", "report"])
+    ap.add_argument("--sim", default=os.path.join(ROOT, "build/hpc/sim/sinew-sim"))
+    ap.add_argument("--calibration", default=CALIBRATION)
+    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument("--ranks", default=",".join(map(str, RANKS)))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--results", default=os.path.join(HERE, "results", "sweep.json"))
+    ap.add_argument("--validation", default=os.path.join(HERE, "results", "validation.json"))
+    ap.add_argument("--img", default=os.path.join(ROOT, "docs", "img"))
+    ap.add_argument("--tables", default=os.path.join(HERE, "results", "tables.md"))
+    a = ap.parse_args()
+    if a.command == "check":
+        return check(a)
+    if a.command == "sweep":
+        a.out = a.out or a.results
+        return sweep(a)
+    if a.command == "validate":
+        a.out = a.out or a.validation
+        return validate(a)
+    import report  # matplotlib only where plots are drawn
+    return report.main(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+#include "cluster.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sinew::sim {
+
+namespace {
+
+constexpr double kFlops = 1e9;  // a host of speed 1 does 1e9 "flops" a second: seconds of work * kFlops
+int payload = 0;                // messages carry no data, only their simulated size
+int* received = nullptr;        // where the payload pointer of a received message goes
+
+int ceil_div(long a, long b) { return static_cast<int>((a + b - 1) / b); }
+
+// The XGFT description of the smallest fat tree of `radix`-port switches with at least `leaves` leaves:
+// every switch below the top has radix/2 ports down and radix/2 up (the leaf switches' uplinks divided
+// by `taper`), the top switches use all their ports down.
+sg4::FatTreeParams fat_tree(int leaves, int radix, double taper) {
+  const auto half = static_cast<unsigned>(radix / 2);
+  const auto edge_up = static_cast<unsigned>(std::max(1L, std::lround(half / taper)));
+  if (leaves <= static_cast<int>(half)) return {1, {static_cast<unsigned>(leaves)}, {1}, {1}};
+  std::vector<unsigned> down, up, number;
+  long below = 1;  // leaves under one switch of the level being added
+  for (;;) {
+    const long top = ceil_div(leaves, below);  // children a top switch would need
+    if (top <= radix) {
+      down.push_back(static_cast<unsigned>(top));
+      up.push_back(down.size() == 1 ? 1 : (down.size() == 2 ? edge_up : half));
+      number.push_back(1);
+      break;
+    }
+    down.push_back(half);
+    up.push_back(down.size() == 1 ? 1 : (down.size() == 2 ? edge_up : half));
+    number.push_back(1);
+    below *= half;
+  }
+  return {static_cast<unsigned>(down.size()), down, up, number};
+}
+
+std::string mailbox(const std::string& tag, int a) { return tag + ":" + std::to_string(a); }
+std::string mailbox(const std::string& tag, int a, int b) {
+  return mailbox(tag, a) + ":" + std::to_string(b);
+}
+
+void wait_all(std::vector<sg4::CommPtr>& comms) {
+  for (auto& c : comms) c->wait();
+  comms.clear();
+}
+
+// The exchange pattern of ByteGrad's two stages: every member sends `bytes` to every other member, all
+// posted at once. Sampled: `sample` of the n-1 shifts, spread over the range, are simulated, and the
+// rest takes the same time per shift (each shift is one permutation of the same message size).
+void all_to_all(const Cluster& c, Group& g, double bytes) {
+  const int n = g.size();
+  if (n < 2) return;
+  const std::string tag = g.next_tag();
+  const int shifts = n - 1;
+  const int k_sim = c.options.sample > 0 ? std::min(shifts, c.options.sample) : shifts;
+  const double t0 = sg4::Engine::get_clock();
+  std::vector<sg4::CommPtr> comms;
+  std::vector<int> ks;
+  for (int j = 0; j < k_sim; ++j) ks.push_back(1 + static_cast<int>(static_cast<long>(j) * shifts / k_sim));
+  for (int k : ks) {
+    const int dst = (g.me + k) % n;
+    comms.push_back(send_async(c, mailbox(tag, dst, k), bytes));
+  }
+  for (int k : ks) comms.push_back(sg4::Mailbox::by_name(mailbox(tag, g.me, k))->get_async<int>(&received));
+  wait_all(comms);
+  if (k_sim < shifts) {
+    const double per = c.mean_over_members(tag, n, (sg4::Engine::get_clock() - t0) / k_sim);
+    sg4::this_actor::sleep_for(per * (shifts - k_sim));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, const Calibration& cal,
+                                       int nodes, const Options& o) {
+  auto c = std::make_unique<Cluster>();
+  c->platform = &p;
+  c->calibration = &cal;
+  c->options = o;
+  auto* root = sg4::create_full_zone("world");
+  if (p.local) {
+    // One machine: a host per core, the ranks placed on them in turn (3 ranks on 2 cores: two share
+    // core 0, and their lockstep with the third goes at their pace, as measured). Messages go through
+    // memory: the loopback within a core, a link of the machine's latency between cores (configured by
+    // main() from the calibration); the copy is the sender's CPU time, charged by send_async().
+    std::vector<sg4::Host*> cores;
+    for (int i = 0; i < p.cores; ++i)
+      cores.push_back(root->create_host("core" + std::to_string(i), kFlops)->seal());
+    const sg4::Link* memory = root->create_link("memory", 1e15)->set_latency(p.link_latency_s)->seal();
+    for (int i = 0; i < p.cores; ++i) {
+      for (int j = i + 1; j < p.cores; ++j) {
+        root->add_route(cores[static_cast<std::size_t>(i)]->get_netpoint(),
+                        cores[static_cast<std::size_t>(j)]->get_netpoint(), nullptr, nullptr,
+                        {sg4::LinkInRoute(memory)}, true);
+      }
+    }
+    for (int r = 0; r < nodes; ++r) c->nodes.push_back(cores[static_cast<std::size_t>(r % p.cores)]);
+    c->metadata = c->launcher = cores[0];
+    root->seal();
+    (void)engine;
+    return c;
+  }
+  const int servers = p.pfs.servers;
+  const int leaves = nodes + servers + 2;
+  std::vector<sg4::Host*> hosts(static_cast<std::size_t>(leaves), nullptr);
+  auto* zone = sg4::create_fatTree_zone(
+      "fabric", root, fat_tree(leaves, p.radix, p.taper),
+      sg4::ClusterCallbacks([&](sg4::NetZone* z, const std::vector<unsigned long>& /*coord*/,
+                                unsigned long id) {
+        // Leaves past `leaves` (the tree is rounded up to whole switches) stay idle.
+        std::string name = static_cast<int>(id) < leaves ? "h" : "idle";
+        name += std::to_string(id);
+        sg4::Host* h = z->create_host(name, kFlops);
+        if (static_cast<int>(id) < leaves) hosts[id] = h;
+        return std::make_pair(h->get_netpoint(), static_cast<simgrid::kernel::routing::NetPoint*>(nullptr));
+      }),
+      p.link_Bps, p.link_latency_s, sg4::Link::SharingPolicy::SPLITDUPLEX);
+  for (int i = 0; i < nodes; ++i) c->nodes.push_back(hosts[static_cast<std::size_t>(i)]);
+  for (int s = 0; s < servers; ++s) {
+    sg4::Host* h = hosts[static_cast<std::size_t>(nodes + s)];
+    c->pfs_servers.push_back(h);
+    c->pfs_disks.push_back(h->create_disk("disk", p.pfs.disk_Bps, p.pfs.disk_Bps)->seal());
+  }
+  c->metadata = hosts[static_cast<std::size_t>(nodes + servers)];
+  c->metadata->set_core_count(std::max(1, p.pfs.metadata_threads));
+  c->launcher = hosts[static_cast<std::size_t>(nodes + servers + 1)];
+  for (auto* h : hosts) h->seal();
+  zone->seal();
+  root->seal();
+  return c;
+}
+
+double Cluster::mean_over_members(const std::string& tag, int n, double mine) const {
+  Pooled& p = pooled_[tag];
+  if (!p.barrier) p.barrier = sg4::Barrier::create(static_cast<unsigned>(n));
+  p.sum += mine;
+  const sg4::BarrierPtr barrier = p.barrier;
+  barrier->wait();
+  return pooled_[tag].sum / n;
+}
+
+void compute(const Cluster& /*c*/, double seconds) {
+  if (seconds > 0) sg4::this_actor::execute(seconds * kFlops);
+}
+
+void software(double seconds) {
+  if (seconds > 0) sg4::this_actor::sleep_for(seconds);
+}
+
+sg4::CommPtr send_async(const Cluster& c, const std::string& box, double bytes) {
+  software(c.platform->overhead_s);
+  if (c.platform->local) {
+    // Through shared memory the sender's core copies the message: CPU time that competes with the
+    // ranks' computation for the machine's cores (the loopback link carries only the latency).
+    compute(c, bytes / c.platform->link_Bps);
+    return sg4::Mailbox::by_name(box)->put_async(&payload, 1);
+  }
+  return sg4::Mailbox::by_name(box)->put_async(&payload, static_cast<uint64_t>(std::max(1.0, bytes)));
+}
+
+void recv(const std::string& box) { sg4::Mailbox::by_name(box)->get<int>(); }
+
+void ring_allreduce(const Cluster& c, Group& g, double bytes) {
+  const int n = g.size();
+  if (n < 2) return;
+  const std::string tag = g.next_tag();
+  const double block = bytes / n;
+  // Sinew's ring sends a block in 256 KiB segments, so the sum of one overlaps the transfer of the next:
+  // what is not hidden is the sum of one segment.
+  const double exposed_sum = std::min(block, 256.0 * 1024) / c.calibration->costs.reduce_Bps;
+  const int steps = n - 1;
+  const int k_sim = c.options.sample > 0 ? std::min(steps, std::max(2, c.options.sample / 2)) : steps;
+  const int next = (g.me + 1) % n;
+  for (int phase = 0; phase < 2; ++phase) {  // reduce-scatter, then allgather
+    double t1 = 0;
+    for (int s = 0; s < k_sim; ++s) {
+      auto out = send_async(c, mailbox(tag, next, phase), block);
+      recv(mailbox(tag, g.me, phase));
+      if (phase == 0) compute(c, exposed_sum);
+      out->wait();
+      if (s == 0) t1 = sg4::Engine::get_clock();
+    }
+    if (k_sim < steps) {  // every further step moves the same bytes over the same links
+      const double mine = (sg4::Engine::get_clock() - t1) / (k_sim - 1);
+      const double per = c.mean_over_members(tag + ":" + std::to_string(phase), n, mine);
+      sg4::this_actor::sleep_for(per * (steps - k_sim));
+    }
+  }
+}
+
+namespace {
+
+// The segmented binary tree of NCCL's and Open MPI's tree algorithms, as a heap over the members
+// relabelled so that `root` is 0. `up`: reduce towards the root; `down`: broadcast from it. Up and down
+// run in two actors per member, so that segment s goes down while s+1 still goes up.
+struct Tree {
+  int n, v, root;
+  [[nodiscard]] int member(int label) const { return (label + root) % n; }
+  [[nodiscard]] std::vector<int> children() const {
+    std::vector<int> out;
+    for (int ch = 2 * v + 1; ch <= 2 * v + 2 && ch < n; ++ch) out.push_back(ch);
+    return out;
+  }
+};
+
+int segments_for(const Cluster& c, double bytes) {
+  return std::max(1, std::min(c.options.tree_segments, static_cast<int>(std::ceil(bytes / (64.0 * 1024)))));
+}
+
+void tree_down(const Cluster& c, const Tree& t, const std::string& tag, double seg, int segs,
+               const sg4::SemaphorePtr& ready) {
+  std::vector<sg4::CommPtr> out;
+  for (int s = 0; s < segs; ++s) {
+    if (t.v == 0) {
+      if (ready) ready->acquire();
+    } else {
+      recv(mailbox(tag + "d", t.member(t.v)));
+    }
+    wait_all(out);
+    for (int ch : t.children()) out.push_back(send_async(c, mailbox(tag + "d", t.member(ch)), seg));
+  }
+  wait_all(out);
+}
+
+}  // namespace
+
+void tree_allreduce(const Cluster& c, Group& g, double bytes) {
+  const int n = g.size();
+  if (n < 2) return;
+  const std::string tag = g.next_tag();
+  const Tree t{n, g.me, 0};
+  const int segs = segments_for(c, bytes);
+  const double seg = bytes / segs;
+  auto ready = sg4::Semaphore::create(0);
+  auto down = sg4::Actor::create("down", sg4::this_actor::get_host(),
+                                 [&c, t, tag, seg, segs, ready] { tree_down(c, t, tag, seg, segs, ready); });
+  sg4::CommPtr out;
+  for (int s = 0; s < segs; ++s) {
+    for (int ch : t.children()) {
+      recv(mailbox(tag + "u", t.member(t.v), ch));
+      compute(c, seg / c.calibration->costs.reduce_Bps);
+    }
+    if (t.v == 0) {
+      ready->release();
+    } else {
+      if (out) out->wait();
+      out = send_async(c, mailbox(tag + "u", t.member((t.v - 1) / 2), t.v), seg);
+    }
+  }
+  if (out) out->wait();
+  down->join();
+}
+
+void tree_broadcast(const Cluster& c, Group& g, int root, double bytes) {
+  const int n = g.size();
+  if (n < 2) return;
+  const std::string tag = g.next_tag();
+  const Tree t{n, (g.me - root + n) % n, root};
+  const int segs = segments_for(c, bytes);
+  tree_down(c, t, tag, bytes / segs, segs, nullptr);
+}
+
+void bytegrad_allreduce(const Cluster& c, Group& g, double bytes) {
+  const int n = g.size();
+  if (n < 2) return;
+  const Costs& k = c.calibration->costs;
+  constexpr double kChunk = 2048;  // elements per quantisation chunk; 8 bytes of grid per chunk
+  const double wire = bytes / 4 * (1 + 8 / kChunk);
+  compute(c, bytes / k.encode_Bps);
+  all_to_all(c, g, wire / n);
+  compute(c, (n - 1) * (bytes / n) / k.decode_Bps + (bytes / n) / k.encode_Bps);
+  all_to_all(c, g, wire / n);
+  compute(c, bytes / k.decode_Bps);
+}
+
+void agreement(const Cluster& c, Group& g, double hop) {
+  const int n = g.size();
+  const std::string tag = g.next_tag();
+  const Tree t{n, g.me, 0};
+  constexpr double kBytes = 64;
+  for (int ch : t.children()) recv(mailbox(tag + "u", g.me, ch));
+  software(hop);
+  if (t.v != 0) {
+    send_async(c, mailbox(tag + "u", (t.v - 1) / 2, t.v), kBytes)->wait();
+    recv(mailbox(tag + "d", g.me));
+    software(hop);
+  }
+  std::vector<sg4::CommPtr> out;
+  for (int ch : t.children()) out.push_back(send_async(c, mailbox(tag + "d", ch), kBytes));
+  wait_all(out);
+}
+
+void small_allgather(const Cluster& c, Group& g, double item) {
+  const int n = g.size();
+  const std::string tag = g.next_tag();
+  for (int d = 1, r = 0; d < n; d *= 2, ++r) {
+    auto out = send_async(c, mailbox(tag, (g.me - d + n) % n, r), item * std::min(d, n - d));
+    recv(mailbox(tag, g.me, r));
+    out->wait();
+  }
+}
+
+void binomial_broadcast(const Cluster& c, Group& g, int root, double hop_s) {
+  const int n = g.size();
+  const std::string tag = g.next_tag();
+  const int v = (g.me - root + n) % n;
+  int mask = 1;
+  while (mask < n) {
+    if ((v & mask) != 0) break;
+    mask <<= 1;
+  }
+  if (v != 0) {
+    recv(mailbox(tag, g.me));
+    software(hop_s);
+  }
+  std::vector<sg4::CommPtr> out;
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    if (v + mask < n) out.push_back(send_async(c, mailbox(tag, (v + mask + root) % n), 64));
+  }
+  wait_all(out);
+}
+
+namespace {
+
+int subtree_size(int v, int vertices, int f) {
+  int size = 1;
+  for (int ch = f * v + 1; ch <= f * v + f && ch < vertices; ++ch) size += subtree_size(ch, vertices, f);
+  return size;
+}
+
+}  // namespace
+
+void daemon_broadcast(const Cluster& c, const std::string& tag, int vertex, int vertices, double bytes) {
+  const int f = c.platform->runtime.fanout;
+  if (vertex != 0) recv(mailbox(tag, vertex));
+  software(c.platform->runtime.hop_s);
+  std::vector<sg4::CommPtr> out;
+  for (int ch = f * vertex + 1; ch <= f * vertex + f && ch < vertices; ++ch) {
+    out.push_back(send_async(c, mailbox(tag, ch), bytes));
+  }
+  wait_all(out);
+}
+
+void daemon_gather(const Cluster& c, const std::string& tag, int vertex, int vertices,
+                   double bytes_per_node) {
+  const int f = c.platform->runtime.fanout;
+  for (int ch = f * vertex + 1; ch <= f * vertex + f && ch < vertices; ++ch) recv(mailbox(tag, vertex));
+  software(c.platform->runtime.hop_s);
+  if (vertex != 0) {
+    send_async(c, mailbox(tag, (vertex - 1) / f), bytes_per_node * subtree_size(vertex, vertices, f))->wait();
+  }
+}
+
+void pfs_read(const Cluster& c, int node, int file, double bytes, int reader, int readers) {
+  const Platform& p = *c.platform;
+  if (p.local) return;  // the calibration's page cache: in the measured constants
+  sg4::Host* me = c.nodes[static_cast<std::size_t>(node)];
+  // The open: the metadata server serves `metadata_threads` opens at a time, in the readers' order, so
+  // the reader-th waits for its turn. Only the round trip of a group's first reader (below) crosses
+  // the fabric: `readers` small flows into one link would cost the simulation their square in time
+  // and change the result by a few microseconds.
+  const auto threads = std::max(1, p.pfs.metadata_threads);
+  software((reader / threads + 1) * p.pfs.metadata_op_s);
+  // Readers are spread evenly over the servers. While there are fewer readers than servers, a reader
+  // takes its stripes from as many servers as are left to it (all `stripes` for a lone reader). Once
+  // readers outnumber the servers, the readers of one server share it fairly and finish
+  // together, so the group's first reader moves the whole group's bytes in one flow and the others
+  // wait for it: every server carries the same bytes as with one flow per reader and stripe, but
+  // the simulation has `servers` flows instead of readers x stripes (16 384 ranks on 64 stripes
+  // would be a million flows, and SimGrid's sharing solver grows with their square). This needs a
+  // node's link to be at least as fast as a server (the group's flow ends at its first reader's
+  // node); load_platform() checks it.
+  const int servers = static_cast<int>(c.pfs_servers.size());
+  const int stripes = std::clamp(servers / std::max(1, readers), 1, std::min(p.pfs.stripes, servers));
+  // Groups are strided (reader r in group r mod groups), so that their first readers are neighbours:
+  // the fat tree routes by destination, and first readers a whole switch apart would all take the
+  // same uplink.
+  const int groups = ceil_div(readers, std::max(1, ceil_div(readers, servers)));
+  const int first = reader % groups, members = ceil_div(readers - first, groups);
+  const std::string tag = "pfs" + std::to_string(file) + ":" + std::to_string(first);
+  if (reader != first) {
+    c.mean_over_members(tag, members, 0);  // until the group's data has arrived
+    return;
+  }
+  sg4::Comm::sendto(me, c.metadata, 256);
+  sg4::Comm::sendto(c.metadata, me, 256);
+  const double piece = bytes * members / stripes;
+  std::vector<sg4::IoPtr> ios;
+  std::vector<int> which;
+  for (int j = 0; j < stripes; ++j) {
+    const int s = static_cast<int>((file * 7L + static_cast<long>(first) * stripes + j) % servers);
+    which.push_back(s);
+    ios.push_back(c.pfs_disks[static_cast<std::size_t>(s)]->read_async(static_cast<sg_size_t>(piece)));
+  }
+  for (auto& io : ios) io->wait();
+  std::vector<sg4::CommPtr> comms;
+  for (int s : which) {
+    comms.push_back(sg4::Comm::sendto_async(c.pfs_servers[static_cast<std::size_t>(s)], me,
+                                            static_cast<uint64_t>(piece)));
+  }
+  wait_all(comms);
+  if (members > 1) c.mean_over_members(tag, members, 0);
+}
+
+}  // namespace sinew::sim

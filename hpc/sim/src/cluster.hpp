@@ -1,0 +1,92 @@
+// The simulated cluster and the message patterns Sinew and its MPI library use on it. Everything here
+// runs inside SimGrid actors: a call takes simulated time (transfers, computation, software costs).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <simgrid/s4u.hpp>
+
+#include "sim.hpp"
+
+namespace sinew::sim {
+
+namespace sg4 = simgrid::s4u;
+
+/// The hosts of one simulation: `ranks` compute hosts first, then `extra` idle nodes (spares, nodes to
+/// spawn on), the parallel filesystem's servers and its metadata server, and the launcher (mpirun's host).
+struct Cluster {
+  std::vector<sg4::Host*> nodes;  ///< ranks, then extra nodes
+  std::vector<sg4::Host*> pfs_servers;
+  std::vector<sg4::Disk*> pfs_disks;
+  sg4::Host* metadata = nullptr;
+  sg4::Host* launcher = nullptr;
+  const Platform* platform = nullptr;
+  const Calibration* calibration = nullptr;
+  Options options;
+
+  /// For the extrapolation of a sampled loop: every member of collective `tag` (n of them) reports the
+  /// time per iteration it measured; all wait for each other (no simulated time) and get the mean, so
+  /// that they extrapolate alike (one rank's own figure includes waits for its neighbours, and letting
+  /// each extrapolate its own would compound that skew around a ring).
+  double mean_over_members(const std::string& tag, int n, double mine) const;
+
+ private:
+  struct Pooled {
+    sg4::BarrierPtr barrier;
+    double sum = 0;
+  };
+  mutable std::map<std::string, Pooled> pooled_;
+};
+
+/// Builds the platform into `engine` for `nodes` rank hosts (fat tree, or the one host of "local").
+std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, const Calibration& c,
+                                       int nodes, const Options& o);
+
+/// One rank's view of a group of ranks: its members' nodes and its own index. `seq` numbers the group's
+/// collectives so that every call gets mailboxes of its own (all members call them in the same order).
+struct Group {
+  std::string name;
+  std::vector<int> members;  ///< node index of each member
+  int me = 0;
+  int seq = 0;
+  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+  std::string next_tag() { return name + "#" + std::to_string(seq++); }
+};
+
+// Costs of one rank's own work (the rank's host computes; CPU contention between ranks of "local").
+void compute(const Cluster& c, double seconds);
+void software(double seconds);  ///< a fixed software cost (not CPU-bound in the model)
+
+// Point to point: the sender pays the platform's per-message overhead, then the transfer.
+sg4::CommPtr send_async(const Cluster& c, const std::string& mailbox, double bytes);
+void recv(const std::string& mailbox);
+
+// Collectives (every member calls them; each returns when this member is done).
+void ring_allreduce(const Cluster& c, Group& g, double bytes);
+void tree_allreduce(const Cluster& c, Group& g, double bytes);
+void tree_broadcast(const Cluster& c, Group& g, int root, double bytes);
+/// ByteGrad (algo/collectives.cpp): quantise, every block straight to its owner, owners sum and
+/// re-quantise, then every owner's block straight to every rank; `bytes` of floats.
+void bytegrad_allreduce(const Cluster& c, Group& g, double bytes);
+/// ULFM's agreement (ERA): up and down a binary tree of small messages, `hop_s` per hop.
+void agreement(const Cluster& c, Group& g, double hop_s);
+/// Allgather of `item` bytes per member by recursive doubling (Bruck).
+void small_allgather(const Cluster& c, Group& g, double item);
+/// Reliable broadcast of a small message from `root` down a binomial tree (ULFM's revoke and failure
+/// propagation); `hop_s` per forward.
+void binomial_broadcast(const Cluster& c, Group& g, int root, double hop_s);
+
+/// The runtime's daemon tree: vertex 0 is the launcher, vertex v >= 1 is node v-1. A daemon actor on
+/// every vertex calls these with its vertex; `bytes_per_node` grows the messages of a gather.
+void daemon_broadcast(const Cluster& c, const std::string& tag, int vertex, int vertices, double bytes);
+void daemon_gather(const Cluster& c, const std::string& tag, int vertex, int vertices, double bytes_per_node);
+
+/// Reads `bytes` of one file from the parallel filesystem into `node`, the reader-th of `readers` that
+/// read it at once (every one of them calls this): one metadata open, then the stripes, read from the
+/// servers' disks and sent over the fabric in parallel. On "local": page cache.
+void pfs_read(const Cluster& c, int node, int file, double bytes, int reader, int readers);
+
+}  // namespace sinew::sim

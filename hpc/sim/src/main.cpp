@@ -1,0 +1,167 @@
+// sinew-sim: runs one scenario of the scale model and prints it as one JSON line (hpc/sim/sim.py runs
+// the sweeps, the check against the calibration and the report; docs/scale.md).
+//
+//   sinew-sim fit     --calibration C.json [--fit-ranks 3]
+//   sinew-sim step    --calibration C.json --platform P.json|local --algorithm A --ranks N
+//   sinew-sim recover --calibration C.json --platform P.json|local --mode M --failure F --ranks N
+//
+// Options --cfg=... and --log=... go to SimGrid.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sim.hpp"
+
+namespace po = boost::program_options;
+using nlohmann::json;
+using namespace sinew::sim;
+
+namespace {
+
+constexpr int kBadInput = 2;
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read " + path);
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(path + " is not valid JSON: " + e.what());
+  }
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::puts(
+        "usage: sinew-sim fit|step|recover [options] [--cfg=SIMGRID_OPTION ...]\n"
+        "  fit      print the model's parameters fitted from a calibration\n"
+        "  step     simulate one training step of --algorithm at --ranks\n"
+        "  recover  simulate the recovery (--mode) from one failure (--failure) at --ranks\n"
+        "(--help after the command lists its options)");
+    return argc < 2 ? kBadInput : 0;
+  }
+  const std::string what = argv[1];
+  if (what != "fit" && what != "step" && what != "recover") {
+    std::fprintf(stderr, "sinew-sim: unknown command '%s'; use fit, step or recover\n", what.c_str());
+    return kBadInput;
+  }
+  // SimGrid's own options pass through; ours are parsed here.
+  // SimGrid says what it configures at info level; warnings and errors only, unless --log= says otherwise.
+  static std::string quiet = "--log=root.thres:warning";
+  std::vector<char*> simgrid_args{argv[0], quiet.data()};
+  std::vector<std::string> ours;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--cfg=", 0) == 0 || a.rfind("--log=", 0) == 0) {
+      simgrid_args.push_back(argv[i]);
+    } else {
+      ours.push_back(a);
+    }
+  }
+  std::string calibration, platform = "local", algorithm = "ring", mode = "in-place", failure = "process";
+  int ranks = 4, fit_ranks = 4;
+  double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0;
+  Options o;
+  po::options_description d("sinew-sim " + what);
+  d.add_options()("calibration", po::value(&calibration)->required(), "calibrate.py's measurements (JSON)")(
+      "fit-ranks", po::value(&fit_ranks)->default_value(fit_ranks),
+      "fit the recovery costs at this many ranks")("platform", po::value(&platform)->default_value(platform),
+                                                   "a platforms/*.json file, or local")(
+      "ranks", po::value(&ranks)->default_value(ranks), "ranks before any failure")(
+      "algorithm", po::value(&algorithm)->default_value(algorithm),
+      "ring | tree | bytegrad | decentralized | low-precision-decentralized")(
+      "mode", po::value(&mode)->default_value(mode), "in-place | spare | spawn | restart")(
+      "failure", po::value(&failure)->default_value(failure), "process (killed) | node (lost)")(
+      "params", po::value(&params), "workload: parameters (default: the calibrated model's)")(
+      "compute-ms", po::value(&compute_ms),
+      "workload: one step's computation per rank, ms (default: calibrated)")(
+      "bucket-mb", po::value(&bucket_mb), "workload: gradient bucket size in MB (default: Sinew's 4)")(
+      "overhead-ms-per-mparam", po::value(&overhead)->default_value(0),
+      "CPU ms per step and million parameters beyond the simulated work (sim.py fits it per algorithm)")(
+      "sample", po::value(&o.sample)->default_value(o.sample),
+      "iterations of a uniform loop simulated before extrapolating (0: simulate all)")(
+      "tree-segments", po::value(&o.tree_segments)->default_value(o.tree_segments),
+      "pipeline segments of the tree algorithms")("help", "this help");
+  po::variables_map vm;
+  po::store(po::command_line_parser(ours).options(d).run(), vm);
+  if (vm.count("help") != 0) {
+    std::cout << d << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  if (ranks < 1 || ranks > 65536) throw std::invalid_argument("--ranks must be in 1..65536");
+  if (fit_ranks < 2) throw std::invalid_argument("--fit-ranks must be at least 2");
+  if (o.sample < 0 || o.tree_segments < 1)
+    throw std::invalid_argument("--sample >= 0 and --tree-segments >= 1");
+
+  const Calibration cal = fit(read_json(calibration), fit_ranks);
+  if (what == "fit") {
+    std::cout << json{{"workload", {{"params", cal.workload.params}, {"compute_s", cal.workload.compute_s}}},
+                      {"fitted", cal.fitted}}
+                     .dump(1)
+              << "\n";
+    return 0;
+  }
+  Workload w = cal.workload;
+  if (vm.count("params") != 0) w.params = params, w.name = "custom";
+  if (vm.count("compute-ms") != 0) w.compute_s = compute_ms / 1e3, w.name = "custom";
+  if (vm.count("bucket-mb") != 0) w.bucket_bytes = bucket_mb * 1024 * 1024;
+  if (w.bucket_bytes <= 0) throw std::invalid_argument("--bucket-mb must be > 0");
+  if (overhead < 0) throw std::invalid_argument("--overhead-ms-per-mparam must be >= 0");
+  w.overhead_s_per_param = overhead / 1e3 / 1e6;
+  if (w.params <= 0 || w.compute_s < 0) throw std::invalid_argument("--params > 0 and --compute-ms >= 0");
+  const Platform p = platform == "local" ? cal.local : load_platform(read_json(platform));
+
+  int sg_argc = static_cast<int>(simgrid_args.size());
+  json out{{"platform", p.name},
+           {"ranks", ranks},
+           {"workload", w.name},
+           {"params", w.params},
+           {"compute_step_ms", w.compute_s * 1e3}};
+  if (what == "step") {
+    const Algorithm a = algorithm_from_name(algorithm);
+    const StepResult r = simulate_step(sg_argc, simgrid_args.data(), p, cal, w, a, ranks, o);
+    out.update({{"algorithm", algorithm_name(a)},
+                {"step_ms", r.step_s * 1e3},
+                {"compute_ms", r.compute_s * 1e3},
+                {"exposed_comm_ms", r.exposed_comm_s * 1e3},
+                {"bytes_per_rank", r.bytes_per_rank},
+                {"sampled", r.sampled}});
+  } else {
+    const Mode m = mode_from_name(mode);
+    const Failure f = failure_from_name(failure);
+    const RecoveryResult r = simulate_recovery(sg_argc, simgrid_args.data(), p, cal, w, m, f, ranks, o);
+    json parts = json::object();
+    for (const auto& [name, s] : r.parts_s) parts[name] = s * 1e3;
+    out.update({{"mode", mode_name(m)},
+                {"failure", failure},
+                {"parts_ms", parts},
+                {"total_ms", r.total_s * 1e3},
+                {"ranks_after", r.ranks_after}});
+  }
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "sinew-sim: %s; see sinew-sim %s --help\n", e.what(), argc > 1 ? argv[1] : "");
+    return kBadInput;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "sinew-sim: %s\n", e.what());
+    return kBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sinew-sim: failed: %s\n", e.what());
+    return 1;
+  }
+}

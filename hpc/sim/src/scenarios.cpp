@@ -1,0 +1,570 @@
+// The two scenarios: one training step of an algorithm at n ranks, and the recovery from one failure
+// (a process killed, or a node lost) in each of Sinew's four modes.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "cluster.hpp"
+
+namespace sinew::sim {
+
+namespace {
+
+constexpr double kChunk = 2048;  // quantisation chunk (elements); 8 bytes of grid per chunk
+
+double wire_bytes(double params) { return params * (1 + 8 / kChunk); }
+
+std::vector<int> iota(int n, int from = 0) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+void configure(sg4::Engine& e, const Platform& p) {
+  // The flow model without TCP's corrections (LV08's are fitted to wide-area TCP): latency and
+  // bandwidth as the platform states them; no reverse traffic for acknowledgements.
+  sg4::Engine::set_config("network/model:CM02");
+  sg4::Engine::set_config("network/crosstraffic:0");
+  // Small stacks without guard pages: 16 384 ranks and their helper actors would pass Linux's limit
+  // of memory mappings per process with a guard page each.
+  sg4::Engine::set_config("contexts/stack-size:64");
+  sg4::Engine::set_config("contexts/guard-size:0");
+  if (p.local) {
+    sg4::Engine::set_config("network/loopback-lat:" + std::to_string(p.link_latency_s));
+    sg4::Engine::set_config("network/loopback-bw:1e15");  // the copy is the sender's CPU time
+  }
+  (void)e;
+}
+
+/// One rank's step: forward, backward with its buckets handed to a communication actor as they become
+/// final (the exact and ByteGrad allreduces overlap backward), the exchange of the model for the
+/// decentralized ones, and the optimiser. Returns the communication not hidden behind computation.
+double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a) {
+  const double fwd = w.compute_s * (1 - w.backward_frac - w.optimizer_frac);
+  const double bwd = w.compute_s * w.backward_frac;
+  const double opt = w.compute_s * w.optimizer_frac;
+  const double grad_bytes = 4 * w.params;
+  const Costs& k = c.calibration->costs;
+  compute(c, fwd);
+  if (a == Algorithm::kRing || a == Algorithm::kTree || a == Algorithm::kByteGrad) {
+    const int buckets = std::max(1, static_cast<int>(std::ceil(grad_bytes / w.bucket_bytes)));
+    const double bucket = grad_bytes / buckets;
+    auto ready = sg4::Semaphore::create(0);
+    auto comm = sg4::Actor::create("comm", sg4::this_actor::get_host(), [&c, &g, ready, buckets, bucket, a] {
+      for (int b = 0; b < buckets; ++b) {
+        ready->acquire();
+        if (a == Algorithm::kRing) ring_allreduce(c, g, bucket);
+        if (a == Algorithm::kTree) tree_allreduce(c, g, bucket);
+        if (a == Algorithm::kByteGrad) bytegrad_allreduce(c, g, bucket);
+      }
+    });
+    for (int b = 0; b < buckets; ++b) {
+      compute(c, bwd / buckets);
+      ready->release();
+    }
+    const double t = sg4::Engine::get_clock();
+    comm->join();
+    const double exposed = sg4::Engine::get_clock() - t;
+    compute(c, opt + w.overhead_s_per_param * w.params);
+    return exposed;
+  }
+  compute(c, bwd + opt + w.overhead_s_per_param * w.params);
+  const double t = sg4::Engine::get_clock();
+  const int n = g.size();
+  const std::string tag = g.next_tag();
+  auto box = [&tag](int m) { return tag + ":" + std::to_string(m); };
+  if (a == Algorithm::kDecentralized) {
+    // shift_one: a perfect matching per round (the first round's pairs 2i, 2i+1); an odd one sits out.
+    const int peer = g.me ^ 1;
+    if (peer < n) {
+      auto out = send_async(c, box(peer), grad_bytes);
+      recv(box(g.me));
+      out->wait();
+      compute(c, 2 * grad_bytes / k.reduce_Bps);
+    }
+  } else {  // low-precision decentralized: quantised differences to both ring neighbours
+    compute(c, grad_bytes / k.encode_Bps);
+    if (n > 1) {
+      const int left = (g.me - 1 + n) % n, right = (g.me + 1) % n;
+      auto l = send_async(c, box(left) + "r", wire_bytes(w.params));
+      auto r = send_async(c, box(right) + "l", wire_bytes(w.params));
+      recv(box(g.me) + "l");
+      recv(box(g.me) + "r");
+      l->wait();
+      r->wait();
+      compute(c, 2 * grad_bytes / k.decode_Bps + 3 * grad_bytes / k.reduce_Bps);
+    }
+  }
+  return sg4::Engine::get_clock() - t;
+}
+
+double bytes_per_rank(const Workload& w, Algorithm a, int n) {
+  if (n < 2) return 0;
+  const double ring = 2.0 * (n - 1) / n;
+  switch (a) {
+    case Algorithm::kRing:
+    case Algorithm::kTree:
+      return ring * 4 * w.params;
+    case Algorithm::kByteGrad:
+      return ring * wire_bytes(w.params);
+    case Algorithm::kDecentralized:
+      return 4 * w.params;
+    case Algorithm::kLowPrecisionDecentralized:
+      return 2 * wire_bytes(w.params);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Algorithm algorithm_from_name(const std::string& name) {
+  if (name == "ring") return Algorithm::kRing;
+  if (name == "tree") return Algorithm::kTree;
+  if (name == "bytegrad") return Algorithm::kByteGrad;
+  if (name == "decentralized") return Algorithm::kDecentralized;
+  if (name == "low-precision-decentralized") return Algorithm::kLowPrecisionDecentralized;
+  throw std::invalid_argument("unknown algorithm '" + name +
+                              "'; use ring, tree, bytegrad, decentralized or low-precision-decentralized");
+}
+
+std::string algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kTree:
+      return "tree";
+    case Algorithm::kByteGrad:
+      return "bytegrad";
+    case Algorithm::kDecentralized:
+      return "decentralized";
+    case Algorithm::kLowPrecisionDecentralized:
+      return "low-precision-decentralized";
+  }
+  return "?";
+}
+
+Mode mode_from_name(const std::string& name) {
+  if (name == "in-place") return Mode::kInPlace;
+  if (name == "spare") return Mode::kSpare;
+  if (name == "spawn") return Mode::kSpawn;
+  if (name == "restart") return Mode::kRestart;
+  throw std::invalid_argument("unknown recovery mode '" + name + "'; use in-place, spare, spawn or restart");
+}
+
+std::string mode_name(Mode m) {
+  switch (m) {
+    case Mode::kInPlace:
+      return "in-place";
+    case Mode::kSpare:
+      return "spare";
+    case Mode::kSpawn:
+      return "spawn";
+    case Mode::kRestart:
+      return "restart";
+  }
+  return "?";
+}
+
+Failure failure_from_name(const std::string& name) {
+  if (name == "process") return Failure::kProcess;
+  if (name == "node") return Failure::kNode;
+  throw std::invalid_argument("unknown failure '" + name +
+                              "'; use process (a rank killed) or node (a node lost)");
+}
+
+StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibration& cal, const Workload& w,
+                         Algorithm a, int ranks, const Options& o) {
+  sg4::Engine e(&argc, argv);
+  configure(e, p);
+  auto cluster = build_cluster(e, p, cal, ranks, o);
+  std::vector<double> end(static_cast<std::size_t>(ranks)), exposed(end.size());
+  for (int r = 0; r < ranks; ++r) {
+    sg4::Actor::create("rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
+                       [&c = *cluster, &w, a, r, ranks, &end, &exposed] {
+                         Group g{"world", iota(ranks), r};
+                         exposed[static_cast<std::size_t>(r)] = train_step(c, g, w, a);
+                         end[static_cast<std::size_t>(r)] = sg4::Engine::get_clock();
+                       });
+  }
+  e.run();
+  StepResult out;
+  out.step_s = *std::max_element(end.begin(), end.end());
+  out.exposed_comm_s = std::accumulate(exposed.begin(), exposed.end(), 0.0) / ranks;
+  out.compute_s = out.step_s - out.exposed_comm_s;
+  out.bytes_per_rank = bytes_per_rank(w, a, ranks);
+  out.sampled = o.sample > 0 && ranks - 1 > o.sample / 2;
+  return out;
+}
+
+namespace {
+
+/// The phases of a recovery as each participant finishes them: a phase ends when its last participant
+/// is done (the next one needs all of them: every step of a recovery is collective).
+class Phases {
+ public:
+  explicit Phases(std::vector<std::string> names) : names_(std::move(names)), end_(names_.size(), 0) {}
+  void done(const std::string& name) {
+    const auto i = static_cast<std::size_t>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    if (i == names_.size()) throw std::logic_error("no phase " + name);
+    end_[i] = std::max(end_[i], sg4::Engine::get_clock());
+  }
+  void set(const std::string& name, double t) {
+    const auto i = static_cast<std::size_t>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    end_[i] = std::max(end_[i], t);
+  }
+  RecoveryResult result(double t_fail) const {
+    RecoveryResult r;
+    double prev = t_fail;
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      const double end = std::max(prev, end_[i]);
+      r.parts_s.emplace_back(names_[i], end - prev);
+      prev = end;
+    }
+    r.total_s = prev - t_fail;
+    return r;
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<double> end_;
+};
+
+struct RecoveryRun {
+  const Cluster& c;
+  const Workload& w;
+  Mode mode;
+  Failure failure;
+  int n;       ///< ranks before the failure
+  int victim;  ///< the rank that dies (its node is nodes[victim])
+  Phases phases;
+  double t_fail = -1;
+  std::vector<sg4::SemaphorePtr> told;                   ///< per node: its rank has learnt of the failure
+  sg4::SemaphorePtr down = sg4::Semaphore::create(0);    ///< restart: a survivor has stopped
+  sg4::SemaphorePtr exited = sg4::Semaphore::create(0);  ///< restart: the job has exited
+  double step_s = 0;  ///< the first step after recovery (the replay's unit)
+  [[nodiscard]] const InPlaceCosts& costs() const {
+    const Costs& k = c.calibration->costs;
+    return mode == Mode::kSpare ? k.spare : mode == Mode::kSpawn ? k.spawn : k.in_place;
+  }
+};
+
+std::vector<std::string> phase_names(Mode m) {
+  switch (m) {
+    case Mode::kInPlace:
+    case Mode::kSpare:
+      return {"detect", "revoke", "shrink", "agree", "rebuild", "state sync", "other", "first step"};
+    case Mode::kSpawn:
+      return {"detect", "revoke", "shrink", "agree", "rebuild", "state sync", "spawn", "other", "first step"};
+    case Mode::kRestart:
+      return {"detect", "relaunch", "data load", "checkpoint load", "first step", "replay"};
+  }
+  return {};
+}
+
+// Detection. A killed process: its node's runtime daemon notices and reports to the launcher, which
+// tells every daemon down its tree, and each daemon its ranks (PRRTE's error propagation). A lost node:
+// its rank's observer in ULFM's heartbeat ring misses the heartbeats for the timeout and broadcasts the
+// failure over the survivors (only that pair's heartbeats are simulated; the others are background).
+void start_detection(RecoveryRun& run, const std::vector<int>& alive) {
+  const Cluster& c = run.c;
+  const Platform& p = *c.platform;
+  const int vertices = static_cast<int>(alive.size()) + 2;  // the launcher, the nodes alive, the victim's
+  if (run.failure == Failure::kProcess) {
+    for (int v = 0; v < vertices; ++v) {
+      sg4::Host* h = v == 0 ? c.launcher : c.nodes[static_cast<std::size_t>(v - 1)];
+      sg4::Actor::create("daemon" + std::to_string(v), h, [&run, v, vertices] {
+        if (v == 0) recv("report");
+        if (v == run.victim + 1) {
+          sg4::this_actor::sleep_until(run.t_fail);
+          software(run.costs().notice_s);
+          send_async(run.c, "report", 256)->wait();
+        }
+        daemon_broadcast(run.c, "failed", v, vertices, 256);
+        if (v >= 1) run.told[static_cast<std::size_t>(v - 1)]->release();
+      });
+    }
+    return;
+  }
+  // The heartbeats of the victim to its observer (the next rank), from time 0 until its node dies.
+  const int observer = (run.victim + 1) % run.n;  // ranks are on nodes 0..n-1
+  auto beat = sg4::Actor::create("heartbeat", c.nodes[static_cast<std::size_t>(run.victim)], [&run, &p] {
+    for (;;) {
+      static int beat_payload = 0;
+      sg4::Mailbox::by_name("beat")->put_init(&beat_payload, 64)->detach();
+      sg4::this_actor::sleep_for(p.detector.period_s);
+    }
+  });
+  beat->daemonize();
+  sg4::Actor::create("observer", c.nodes[static_cast<std::size_t>(observer)], [&run, &p, observer, alive] {
+    auto* box = sg4::Mailbox::by_name("beat");
+    for (;;) {
+      try {
+        box->get<int>(p.detector.timeout_s);
+      } catch (const simgrid::TimeoutException&) {
+        break;
+      }
+    }
+    // Propagate over the processes alive, from the observer.
+    const int root = static_cast<int>(std::find(alive.begin(), alive.end(), observer) - alive.begin());
+    for (int i = 0; i < static_cast<int>(alive.size()); ++i) {
+      const int node = alive[static_cast<std::size_t>(i)];
+      sg4::Actor::create("propagate", run.c.nodes[static_cast<std::size_t>(node)],
+                         [&run, alive, i, root, node] {
+                           Group g{"propagate", alive, i};
+                           binomial_broadcast(run.c, g, root, run.costs().agree_hop_s);
+                           run.told[static_cast<std::size_t>(node)]->release();
+                         });
+    }
+  });
+}
+
+void kill_victim(RecoveryRun& run, const sg4::ActorPtr& victim) {
+  sg4::Actor::create("fault", run.c.launcher, [&run, victim] {
+    sg4::this_actor::sleep_until(run.t_fail);
+    if (run.failure == Failure::kNode) {
+      run.c.nodes[static_cast<std::size_t>(run.victim)]->turn_off();
+    } else {
+      victim->kill();
+    }
+  });
+}
+
+// In place: the survivors (and, for a spare, the pool's idle spare) revoke, shrink, agree, rebuild and
+// take the state of the most advanced survivor; a spawn grows the group back by one new process.
+void in_place(RecoveryRun& run, int node, const std::vector<int>& group_nodes) {
+  const Cluster& c = run.c;
+  const InPlaceCosts& k = run.costs();
+  const double hop = k.agree_hop_s;
+  run.told[static_cast<std::size_t>(node)]->acquire();
+  run.phases.done("detect");
+  software(k.revoke_s);
+  run.phases.done("revoke");
+  const int me =
+      static_cast<int>(std::find(group_nodes.begin(), group_nodes.end(), node) - group_nodes.begin());
+  Group g{"shrunk", group_nodes, me};
+  agreement(c, g, hop);  // which processes failed
+  small_allgather(c, g, 4);
+  agreement(c, g, hop);  // the new communicator's context id
+  software(k.shrink_s);
+  run.phases.done("shrink");
+  agreement(c, g, hop);
+  run.phases.done("agree");
+  software(k.rebuild_s);
+  run.phases.done("rebuild");
+  agreement(c, g, hop);  // who is the most advanced
+  tree_broadcast(c, g, 0, run.w.state_bytes());
+  software(k.sync_s);
+  run.phases.done("state sync");
+}
+
+void first_step(RecoveryRun& run, Group& g) {
+  const double t = sg4::Engine::get_clock();
+  software(run.costs().other_s);
+  run.phases.done("other");
+  software(run.costs().first_step_s);
+  train_step(run.c, g, run.w, Algorithm::kRing);
+  run.phases.done("first step");
+  run.step_s = std::max(run.step_s, sg4::Engine::get_clock() - t);
+}
+
+// Growth by spawn: the survivors' root asks the launcher for one process on a free node (a daemon is
+// started there first unless on the one machine of "local"); the newcomer starts, reads the data set,
+// and joins: intercommunicator merge, rebuild of the grown group, state sync.
+void spawn_survivor(RecoveryRun& run, Group& survivors, int new_node) {
+  const Cluster& c = run.c;
+  if (survivors.me == 0) send_async(c, "spawn", 256)->wait();
+  std::vector<int> grown = survivors.members;
+  grown.push_back(new_node);
+  Group g{"grown", grown, survivors.me};
+  agreement(c, g, run.costs().agree_hop_s);  // merge
+  small_allgather(c, g, 64);
+  software(c.calibration->costs.merge_s);
+  agreement(c, g, run.costs().agree_hop_s);  // rebuilt: the newcomer is ready
+  agreement(c, g, run.costs().agree_hop_s);  // state sync
+  tree_broadcast(c, g, 0, run.w.state_bytes());
+  software(run.costs().sync_s);
+  run.phases.done("spawn");
+  first_step(run, g);
+}
+
+void spawn_launcher(RecoveryRun& run, int new_node, const std::vector<int>& survivors) {
+  const Cluster& c = run.c;
+  const Platform& p = *c.platform;
+  const Costs& k = c.calibration->costs;
+  recv("spawn");
+  software(p.runtime.hop_s);
+  sg4::Actor::create("newcomer", c.nodes[static_cast<std::size_t>(new_node)],
+                     [&run, new_node, survivors, &p, &k] {
+                       const Cluster& cl = run.c;
+                       if (!p.local) software(p.runtime.daemon_start_s);
+                       software(k.spawn_s);
+                       std::vector<int> grown = survivors;
+                       grown.push_back(new_node);
+                       Group g{"grown", grown, static_cast<int>(survivors.size())};
+                       agreement(cl, g, run.costs().agree_hop_s);  // merge
+                       small_allgather(cl, g, 64);
+                       software(k.merge_s);
+                       if (p.local) {
+                         software(k.data_s);
+                       } else {
+                         pfs_read(cl, new_node, 0, k.dataset_bytes, 0, 1);
+                       }
+                       software(k.grow_rebuild_s);
+                       agreement(cl, g, run.costs().agree_hop_s);  // rebuilt
+                       agreement(cl, g, run.costs().agree_hop_s);  // state sync
+                       tree_broadcast(cl, g, 0, run.w.state_bytes());
+                       software(run.costs().sync_s);
+                       run.phases.done("spawn");
+                       first_step(run, g);
+                     });
+}
+
+// Restart: the runtime tears the job down; the supervisor launches it again over the daemon tree
+// (daemons, processes, the PMIx fence that exchanges every process's endpoints), every rank reads the
+// data set and the latest checkpoint, takes a first step and replays the steps since that checkpoint.
+void restart(RecoveryRun& run, const std::vector<int>& nodes) {
+  const Cluster& c = run.c;
+  const Platform& p = *c.platform;
+  const Costs& k = c.calibration->costs;
+  const int vertices = static_cast<int>(nodes.size()) + 1;
+  for (int v = 0; v < vertices; ++v) {
+    sg4::Host* h =
+        v == 0 ? c.launcher : c.nodes[static_cast<std::size_t>(nodes[static_cast<std::size_t>(v - 1)])];
+    sg4::Actor::create("launch" + std::to_string(v), h, [&run, v, vertices, nodes, &p, &k] {
+      const Cluster& cl = run.c;
+      if (v == 0) {  // the supervisor relaunches once mpirun has exited
+        run.exited->acquire();
+        run.phases.done("detect");
+        software(k.launch_s);
+      }
+      daemon_broadcast(cl, "launch", v, vertices, 4096);  // start the daemons
+      if (v >= 1 && !p.local) software(p.runtime.daemon_start_s);
+      daemon_gather(cl, "up", v, vertices, 64);
+      daemon_broadcast(cl, "procs", v, vertices, 4096);  // start the ranks
+      // A node's daemon starts its ranks one after the other (all of them on the one machine of "local").
+      if (v >= 1) software(k.proc_start_s * (p.local ? static_cast<double>(nodes.size()) : 1.0));
+      daemon_gather(cl, "fence", v, vertices, 256);  // PMIx fence: every rank's endpoints
+      daemon_broadcast(cl, "cards", v, vertices, 256.0 * static_cast<double>(nodes.size()));
+      if (v == 0) return;
+      run.phases.done("relaunch");
+      const int rank = v - 1, node = nodes[static_cast<std::size_t>(rank)];
+      if (p.local) {
+        software(k.data_s);
+      } else {
+        pfs_read(cl, node, 0, k.dataset_bytes, rank, static_cast<int>(nodes.size()));
+      }
+      run.phases.done("data load");
+      if (!p.local) pfs_read(cl, node, 1, k.ckpt_bytes, rank, static_cast<int>(nodes.size()));
+      software(k.ckpt_load_s);
+      run.phases.done("checkpoint load");
+      Group g{"restarted", nodes, rank};
+      // The restarted ranks agree on the checkpoint they resumed from before they train: the first
+      // step starts together, not in the order the loads finished.
+      agreement(cl, g, k.in_place.agree_hop_s);
+      software(k.restart_first_step_s);
+      const double t = sg4::Engine::get_clock();
+      train_step(cl, g, run.w, Algorithm::kRing);
+      const double step = sg4::Engine::get_clock() - t;  // a steady step, less the first one's extra
+      run.phases.done("first step");
+      // The replay: steady steps, all alike, like the one just taken.
+      sg4::this_actor::sleep_for(std::max(0, k.replay_steps - 1) * step);
+      run.phases.done("replay");
+    });
+  }
+}
+
+}  // namespace
+
+RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, const Calibration& cal,
+                                 const Workload& w, Mode m, Failure f, int ranks, const Options& o) {
+  if (ranks < 2) throw std::invalid_argument("a recovery needs at least 2 ranks");
+  sg4::Engine e(&argc, argv);
+  configure(e, p);
+  const int extra = 1;  // the spare, the node a replacement is spawned on, or the restart's replacement
+  auto cluster = build_cluster(e, p, cal, ranks + extra, o);
+  RecoveryRun run{*cluster, w, m, f, ranks, ranks / 2, Phases(phase_names(m)), -1, {}};
+  for (int i = 0; i < ranks + extra; ++i) run.told.push_back(sg4::Semaphore::create(0));
+
+  // Before the failure: a step's computation; the victim dies as it enters the allreduce (the
+  // benchmark's fault point), the others block in it until they learn of the failure. (The steps
+  // before it change nothing that is measured from the failure on, and are not simulated.)
+  const double t_compute = w.compute_s * (1 - w.optimizer_frac);
+  std::vector<int> survivors;
+  for (int r = 0; r < ranks; ++r) {
+    if (r != run.victim) survivors.push_back(r);
+  }
+  const int new_node = ranks;  // the extra node
+  sg4::ActorPtr victim;
+  for (int r = 0; r < ranks; ++r) {
+    auto actor = sg4::Actor::create(
+        "rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
+        [&run, r, ranks, t_compute, &survivors, new_node] {
+          const Cluster& c = run.c;
+          compute(c, t_compute);
+          if (r == run.victim) {
+            run.t_fail = sg4::Engine::get_clock();
+            sg4::this_actor::suspend();  // killed from here
+            return;
+          }
+          if (run.mode == Mode::kRestart) {
+            run.told[static_cast<std::size_t>(r)]->acquire();
+            run.down->release();
+            return;  // torn down
+          }
+          std::vector<int> group = survivors;
+          if (run.mode == Mode::kSpare) group.push_back(new_node);
+          in_place(run, r, group);
+          Group g{"recovered", group,
+                  static_cast<int>(std::find(group.begin(), group.end(), r) - group.begin())};
+          if (run.mode == Mode::kSpawn) {
+            spawn_survivor(run, g, new_node);
+          } else {
+            first_step(run, g);
+          }
+        });
+    if (r == run.victim) victim = actor;
+  }
+  if (m == Mode::kSpare) {  // the idle spare of the pool: it learns of the failure like the members
+    sg4::Actor::create("spare", cluster->nodes[static_cast<std::size_t>(new_node)],
+                       [&run, &survivors, new_node] {
+                         std::vector<int> group = survivors;
+                         group.push_back(new_node);
+                         in_place(run, new_node, group);
+                         Group g{"recovered", group, static_cast<int>(group.size()) - 1};
+                         first_step(run, g);
+                       });
+  }
+  if (m == Mode::kSpawn) {
+    sg4::Actor::create("launcher", cluster->launcher,
+                       [&run, new_node, &survivors] { spawn_launcher(run, new_node, survivors); });
+  }
+  std::vector<int> alive = survivors;
+  if (m == Mode::kSpare) alive.push_back(new_node);
+  if (f == Failure::kNode) start_detection(run, alive);  // the heartbeats run from the start
+  // The failure's time is known once the victim reaches its fault point; detection starts from there.
+  sg4::Actor::create("start", cluster->launcher, [&run, victim, ranks, m, &alive, new_node] {
+    while (run.t_fail < 0) sg4::this_actor::sleep_for(1e-4);
+    kill_victim(run, victim);
+    if (run.failure == Failure::kProcess) start_detection(run, alive);
+    if (m == Mode::kRestart) {
+      // Tear-down: after the survivors' daemons heard (detection), the launcher kills every rank, the
+      // daemons confirm, and the supervisor sees mpirun exit.
+      sg4::Actor::create("teardown", run.c.launcher, [&run, ranks] {
+        for (int r = 1; r < ranks; ++r) run.down->acquire();
+        software(run.c.calibration->costs.exit_s);
+        run.exited->release();
+      });
+      // The job starts again on the same nodes; a lost node is replaced by the spare node.
+      std::vector<int> nodes = iota(ranks);
+      if (run.failure == Failure::kNode) nodes[static_cast<std::size_t>(run.victim)] = new_node;
+      restart(run, nodes);
+    }
+  });
+  e.run();
+  RecoveryResult r = run.phases.result(run.t_fail);
+  r.ranks_after = m == Mode::kInPlace ? ranks - 1 : ranks;
+  return r;
+}
+
+}  // namespace sinew::sim
