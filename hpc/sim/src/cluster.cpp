@@ -60,6 +60,8 @@ void all_to_all(const Cluster& c, Group& g, double bytes) {
   const double t0 = sg4::Engine::get_clock();
   std::vector<sg4::CommPtr> comms;
   std::vector<int> ks;
+  ks.reserve(static_cast<std::size_t>(k_sim));
+  comms.reserve(2 * static_cast<std::size_t>(k_sim));
   for (int j = 0; j < k_sim; ++j) ks.push_back(1 + static_cast<int>(static_cast<long>(j) * shifts / k_sim));
   for (int k : ks) {
     const int dst = (g.me + k) % n;
@@ -88,6 +90,7 @@ std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, c
     // memory: the loopback within a core, a link of the machine's latency between cores (configured by
     // main() from the calibration); the copy is the sender's CPU time, charged by send_async().
     std::vector<sg4::Host*> cores;
+    cores.reserve(static_cast<std::size_t>(p.cores));
     for (int i = 0; i < p.cores; ++i)
       cores.push_back(root->create_host("core" + std::to_string(i), kFlops)->seal());
     const sg4::Link* memory = root->create_link("memory", 1e15)->set_latency(p.link_latency_s)->seal();
@@ -121,13 +124,14 @@ std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, c
       p.link_Bps, p.link_latency_s, sg4::Link::SharingPolicy::SPLITDUPLEX);
   for (int i = 0; i < nodes; ++i) c->nodes.push_back(hosts[static_cast<std::size_t>(i)]);
   for (int s = 0; s < servers; ++s) {
-    sg4::Host* h = hosts[static_cast<std::size_t>(nodes + s)];
+    sg4::Host* h = hosts[static_cast<std::size_t>(nodes) + static_cast<std::size_t>(s)];
     c->pfs_servers.push_back(h);
     c->pfs_disks.push_back(h->create_disk("disk", p.pfs.disk_Bps, p.pfs.disk_Bps)->seal());
   }
-  c->metadata = hosts[static_cast<std::size_t>(nodes + servers)];
+  const auto past_servers = static_cast<std::size_t>(nodes) + static_cast<std::size_t>(servers);
+  c->metadata = hosts[past_servers];
   c->metadata->set_core_count(std::max(1, p.pfs.metadata_threads));
-  c->launcher = hosts[static_cast<std::size_t>(nodes + servers + 1)];
+  c->launcher = hosts[past_servers + 1];
   for (auto* h : hosts) h->seal();
   zone->seal();
   root->seal();
@@ -338,11 +342,12 @@ void daemon_broadcast(const Cluster& c, const std::string& tag, int vertex, int 
   const int f = c.platform->runtime.fanout;
   if (vertex != 0) recv(mailbox(tag, vertex));
   software(c.platform->runtime.hop_s);
-  std::vector<sg4::CommPtr> out;
+  // One child after the other, as a daemon's out-of-band channel sends them: the last child has its
+  // message when it would have with all sent at once (the sender's link is the bottleneck either way),
+  // and the simulation has a flow per daemon in flight instead of one per child.
   for (int ch = f * vertex + 1; ch <= f * vertex + f && ch < vertices; ++ch) {
-    out.push_back(send_async(c, mailbox(tag, ch), bytes));
+    send_async(c, mailbox(tag, ch), bytes)->wait();
   }
-  wait_all(out);
 }
 
 void daemon_gather(const Cluster& c, const std::string& tag, int vertex, int vertices,
@@ -364,7 +369,8 @@ void pfs_read(const Cluster& c, int node, int file, double bytes, int reader, in
   // the fabric: `readers` small flows into one link would cost the simulation their square in time
   // and change the result by a few microseconds.
   const auto threads = std::max(1, p.pfs.metadata_threads);
-  software((reader / threads + 1) * p.pfs.metadata_op_s);
+  const int turn = reader / threads + 1;  // whole rounds of `threads` opens
+  software(turn * p.pfs.metadata_op_s);
   // Readers are spread evenly over the servers. While there are fewer readers than servers, a reader
   // takes its stripes from as many servers as are left to it (all `stripes` for a lone reader). Once
   // readers outnumber the servers, the readers of one server share it fairly and finish
@@ -398,6 +404,7 @@ void pfs_read(const Cluster& c, int node, int file, double bytes, int reader, in
   }
   for (auto& io : ios) io->wait();
   std::vector<sg4::CommPtr> comms;
+  comms.reserve(which.size());
   for (int s : which) {
     comms.push_back(sg4::Comm::sendto_async(c.pfs_servers[static_cast<std::size_t>(s)], me,
                                             static_cast<uint64_t>(piece)));

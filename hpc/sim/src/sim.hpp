@@ -98,7 +98,7 @@ struct Costs {
 };
 
 /// The calibration: the workload measured, the costs fitted from it, and the loopback of "local".
-struct Calibration {
+struct Calibration {  // NOLINT(bugprone-exception-escape): json's default constructor allocates nothing
   Workload workload;
   Costs costs;
   Platform local;
