@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The scale model end to end (docs/scale.md): builds sinew-sim (and Sinew, which the calibration runs),
+# calibrates the model on this machine, checks it against the calibration at 4 ranks, simulates the
+# sweep (4 ... 16 384 ranks on three platforms), the validation against published figures, and writes
+# the tables (hpc/sim/results/tables.md) and plots (docs/img/scale_*.png).
+#
+# usage: hpc/sim/run.sh [--no-calibrate] [--quick]
+#   --no-calibrate  keep hpc/sim/calibration.json as it is (the measurements take ~10 minutes)
+#   --quick         a smoke run: a quick calibration into a temporary file, ranks up to 256
+# Exit codes: 0 done; 1 the model misses the calibration (sim.py check) or a step failed; 2 usage.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../../mpi_scripts/env.sh"
+
+calibrate=1 quick=0
+for a in "$@"; do
+  case "$a" in
+    --no-calibrate) calibrate=0 ;;
+    --quick) quick=1 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run.sh: unknown option '$a' (use --no-calibrate, --quick)" >&2; exit 2 ;;
+  esac
+done
+
+start=$(date +%s)
+say() { printf '[sinew-sim %4ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }
+
+pkg-config --exists simgrid || { echo "run.sh: SimGrid is missing: run mpi_scripts/setup.sh (libsimgrid-dev)" >&2; exit 1; }
+if [ ! -x "$SINEW_BUILD_DIR/apps/sinew-train" ]; then
+  say "building Sinew (mpi_scripts/build.sh)"
+  bash "$here/../../mpi_scripts/build.sh"
+fi
+say "building sinew-sim"
+cmake --build "$SINEW_BUILD_DIR" --target sinew-sim sinew-train sinew-bench -j "$(nproc)" >/dev/null
+sim=$SINEW_BUILD_DIR/hpc/sim/sinew-sim
+
+calibration=$here/calibration.json
+results=$here/results
+ranks=4,16,64,256,1024,4096,16384
+if [ "$quick" = 1 ]; then
+  calibration=$(mktemp -d)/calibration.json
+  results=$(mktemp -d)
+  ranks=4,16,64,256
+  say "quick: calibration into $calibration, results into $results"
+  /usr/bin/python3 "$here/calibrate.py" --quick --out "$calibration"
+elif [ "$calibrate" = 1 ]; then
+  say "calibrating on this machine (hpc/sim/calibrate.py, ~10 min)"
+  /usr/bin/python3 "$here/calibrate.py" --out "$calibration"
+fi
+
+say "the model against the calibration at 4 ranks"
+/usr/bin/python3 "$here/sim.py" check --sim "$sim" --calibration "$calibration"
+say "sweep: ranks $ranks on hdr200, edr100, eth10"
+/usr/bin/python3 "$here/sim.py" sweep --sim "$sim" --calibration "$calibration" --ranks "$ranks" \
+  --out "$results/sweep.json"
+say "validation against published figures"
+/usr/bin/python3 "$here/sim.py" validate --sim "$sim" --calibration "$calibration" --out "$results/validation.json"
+img=$here/../../docs/img
+[ "$quick" = 1 ] && img=$results/img
+/usr/bin/python3 "$here/sim.py" report --results "$results/sweep.json" --validation "$results/validation.json" \
+  --img "$img" --tables "$results/tables.md"
+say "done"
