@@ -26,6 +26,7 @@ struct Cluster {
   const Platform* platform = nullptr;
   const Calibration* calibration = nullptr;
   Options options;
+  double longest_path_s = 0;  ///< latency of the longest route between two nodes (up to the top and down)
 
   /// For the extrapolation of a sampled loop: every member of collective `tag` (n of them) reports the
   /// time per iteration it measured; all wait for each other (no simulated time) and get the mean, so

@@ -6,12 +6,17 @@
 //   sinew-sim recover --calibration C.json --platform P.json|local --mode M --failure F --ranks N
 //
 // Options --cfg=... and --log=... go to SimGrid.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
@@ -151,7 +156,22 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+/// SimGrid's sharing solver updates the constraints of a finished flow recursively: at 16 384 ranks that
+/// is tens of thousands of frames, past the usual 8 MiB main stack. The main thread's stack is sized
+/// when the program starts, so raise the limit and start again (once: SINEW_SIM_STACK marks it).
+void ensure_stack(char** argv) {
+  constexpr rlim_t kWanted = rlim_t{1} << 30;  // 1 GiB, reserved lazily
+  rlimit r{};
+  if (getrlimit(RLIMIT_STACK, &r) != 0 || r.rlim_cur == RLIM_INFINITY || r.rlim_cur >= kWanted) return;
+  if (std::getenv("SINEW_SIM_STACK") != nullptr) return;
+  r.rlim_cur = r.rlim_max == RLIM_INFINITY ? kWanted : std::min(kWanted, r.rlim_max);
+  if (setrlimit(RLIMIT_STACK, &r) != 0) return;
+  setenv("SINEW_SIM_STACK", "1", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: go on with the stack there is
+}
+
 int main(int argc, char** argv) {
+  ensure_stack(argv);
   try {
     return run(argc, argv);
   } catch (const po::error& e) {
