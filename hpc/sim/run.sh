@@ -26,13 +26,12 @@ start=$(date +%s)
 say() { printf '[sinew-sim %4ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 
 pkg-config --exists simgrid || { echo "run.sh: SimGrid is missing: run mpi_scripts/setup.sh (libsimgrid-dev)" >&2; exit 1; }
-if [ ! -x "$SINEW_BUILD_DIR/apps/sinew-train" ]; then
-  say "building Sinew (mpi_scripts/build.sh)"
-  bash "$here/../../mpi_scripts/build.sh"
-fi
-say "building sinew-sim"
-cmake --build "$SINEW_BUILD_DIR" --target sinew-sim sinew-train sinew-bench -j "$(nproc)" >/dev/null
+# Sinew's build (the calibration runs sinew-train and sinew-bench) and sinew-sim with it; a configure that
+# ran before SimGrid was installed is redone by build.sh.
+say "building Sinew and sinew-sim (mpi_scripts/build.sh)"
+bash "$here/../../mpi_scripts/build.sh" >/dev/null
 sim=$SINEW_BUILD_DIR/hpc/sim/sinew-sim
+[ -x "$sim" ] || { echo "run.sh: $sim was not built (is SimGrid's pkg-config file found?)" >&2; exit 1; }
 
 calibration=$here/calibration.json
 results=$here/results
