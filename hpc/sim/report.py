@@ -156,20 +156,21 @@ def step_tables(steps):
             for n in ranks:
                 t = {a: index[(p, w, a, n)]["step_ms"] for a in algs if (p, w, a, n) in index}
                 best = min(t, key=t.get)
-                b_exact = index[(p, w, "ring", n)]["bytes_per_rank"]
-                b_bg = index[(p, w, "bytegrad", n)]["bytes_per_rank"]
+                sent = [f"{index[(p, w, a, n)]['bytes_per_rank'] / 1e6:.3g} MB" if (p, w, a, n) in index else "–"
+                        for a in ("ring", "bytegrad")]
                 out.append(f"| {n} | " + " | ".join(fmt_ms(t[a]) if a in t else "–" for a in algs) +
-                           f" | {best} | {b_exact / 1e6:.3g} MB | {b_bg / 1e6:.3g} MB |")
+                           f" | {best} | " + " | ".join(sent) + " |")
             exact = {n: min(index[(p, w, a, n)]["step_ms"] for a in EXACT if (p, w, a, n) in index) for n in ranks}
             out.append("")
             for a in RELAXED:
-                if a not in algs:
+                have = [n for n in ranks if (p, w, a, n) in index]
+                if not have:
                     continue
-                n = from_n(ranks, lambda n, a=a: index[(p, w, a, n)]["step_ms"] < exact[n])
-                gain = (f" ({exact[ranks[-1]] / index[(p, w, a, ranks[-1])]['step_ms']:.2f}× the exact allreduce "
-                        f"at {ranks[-1]})")
+                n = from_n(have, lambda n, a=a: index[(p, w, a, n)]["step_ms"] < exact[n])
+                gain = (f" ({exact[have[-1]] / index[(p, w, a, have[-1])]['step_ms']:.2f}× the exact allreduce "
+                        f"at {have[-1]})")
                 out.append(f"- {a} vs the faster exact allreduce: " +
-                           (f"faster from {n} ranks on{gain}" if n else f"not faster at {ranks[-1]} ranks{gain}"))
+                           (f"faster from {n} ranks on{gain}" if n else f"not faster at {have[-1]} ranks{gain}"))
             n = from_n(ranks, lambda n: index[(p, w, "tree", n)]["step_ms"] < index[(p, w, "ring", n)]["step_ms"])
             out.append(f"- tree vs ring: " + (f"tree faster from {n} ranks on" if n else "ring at least as fast "
                                                "at the largest size"))
@@ -290,6 +291,8 @@ def main(a):
     plot_recovery(rec, os.path.join(a.img, "scale_recovery.png"))
     plot_steps(steps, os.path.join(a.img, "scale_step.png"))
     lines = ["# Scale model: tables (written by hpc/sim/sim.py report; docs/scale.md explains them)"]
+    if sweep.get("note"):
+        lines.append(f"\nThis sweep: {sweep['note']}")
     lines += recovery_tables(rec)
     ranks = sorted({r["ranks"] for r in rec if r["platform"] == "hdr200"})
     shown = [n for n in ranks if n in (ranks[0], 256, ranks[-1])] or ranks

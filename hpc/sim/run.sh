@@ -31,6 +31,9 @@ pkg-config --exists simgrid || { echo "run.sh: SimGrid is missing: run mpi_scrip
 say "building Sinew and sinew-sim (mpi_scripts/build.sh)"
 bash "$here/../../mpi_scripts/build.sh" >/dev/null
 sim=$SINEW_BUILD_DIR/hpc/sim/sinew-sim
+# Finished simulations are kept (keyed by binary, calibration and arguments): a rerun after an
+# interruption, or with the same calibration, does only what is left.
+export SINEW_SIM_CACHE=${SINEW_SIM_CACHE:-$SINEW_BUILD_DIR/hpc/sim/cache.jsonl}
 [ -x "$sim" ] || { echo "run.sh: $sim was not built (is SimGrid's pkg-config file found?)" >&2; exit 1; }
 
 calibration=$here/calibration.json
