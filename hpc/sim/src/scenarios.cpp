@@ -209,10 +209,6 @@ class Phases {
     if (i == names_.size()) throw std::logic_error("no phase " + name);
     end_[i] = std::max(end_[i], sg4::Engine::get_clock());
   }
-  void set(const std::string& name, double t) {
-    const auto i = static_cast<std::size_t>(std::find(names_.begin(), names_.end(), name) - names_.begin());
-    end_[i] = std::max(end_[i], t);
-  }
   RecoveryResult result(double t_fail) const {
     RecoveryResult r;
     double prev = t_fail;
