@@ -5,8 +5,9 @@
 //   sinew-bench train-step  mean training-step time of a model (default: MLP 784-512-512-10, batch 64/rank)
 //   sinew-bench checkpoint  checkpoint write throughput vs dd with fdatasync on the same filesystem, restore
 //   time
-//   sinew-bench quantize    8-bit quantiser (ByteGrad's codec) encode and decode throughput, one process
-//   sinew-bench load-data   time to load and normalise a data set (default Fashion-MNIST), one process
+//   sinew-bench quantize    the quantiser (ByteGrad's codec, --bits 8|4|2) encode and decode throughput, one
+//   process sinew-bench load-data   time to load and normalise a data set (default Fashion-MNIST), one
+//   process
 //
 // busbw for allreduce = algbw * 2(n-1)/n (nccl-tests' convention), so figures are comparable across rank
 // counts; for bytegrad it is the effective bandwidth (of the float buffer, not of the compressed bytes).
@@ -572,14 +573,17 @@ void parse_options(const std::vector<std::string>& args, const po::options_descr
 }
 
 /// The quantiser's throughput (one process, rank 0): median of `reps` encodes and decodes of `mib` MiB of
-/// uniform floats in [-1, 1), and #wrong, the elements decoded further than the documented bound (max - min)
-/// / 508 per chunk plus 4 ulps (tests/unit/test_quantize.cpp checks the bound; this only measures).
+/// uniform floats in [-1, 1) at `bits` bits, and #wrong, the elements decoded further than the documented
+/// bound (max - min) / (2 (2^bits - 2)) (1 + 2^-15) per chunk plus 4 ulps (tests/unit/test_quantize.cpp
+/// checks the bound; this only measures).
 int bench_quantize(const std::vector<std::string>& args, const mpi::Communicator& world) {
   double mib = 16;
   std::size_t chunk = 1024;
   int reps = 5;
+  int bits = 8;
   po::options_description d("sinew-bench quantize");
   d.add_options()("mib", po::value(&mib)->default_value(mib), "buffer size in MiB of floats")(
+      "bits", po::value(&bits)->default_value(bits), "bits per element: 8, 4 or 2")(
       "chunk", po::value(&chunk)->default_value(chunk), "elements per quantisation chunk")(
       "reps", po::value(&reps)->default_value(reps), "timed repetitions (after one warm-up)");
   if (std::find(args.begin(), args.end(), "--help") != args.end()) {
@@ -597,7 +601,7 @@ int bench_quantize(const std::vector<std::string>& args, const mpi::Communicator
     z = z * 6364136223846793005ULL + 1442695040888963407ULL;  // LCG: reproducible, fast
     v = static_cast<float>(z >> 40) / static_cast<float>(1 << 23) - 1.f;
   }
-  std::vector<std::byte> bytes(algo::encoded_bytes(n, chunk));
+  std::vector<std::byte> bytes(algo::encoded_bytes(n, chunk, bits));  // checks bits and chunk
   auto median_s = [&](auto&& f) {
     f();  // warm-up: first touch
     std::vector<double> t;
@@ -609,19 +613,21 @@ int bench_quantize(const std::vector<std::string>& args, const mpi::Communicator
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
-  const double enc = median_s([&] { algo::encode(x, chunk, bytes); });
-  const double dec = median_s([&] { algo::decode(bytes, chunk, y); });
+  const double enc = median_s([&] { algo::encode(x, chunk, bytes, bits); });
+  const double dec = median_s([&] { algo::decode(bytes, chunk, y, bits); });
+  const float steps = static_cast<float>((1 << bits) - 2);
   std::size_t wrong = 0;
   for (std::size_t b = 0; b < n; b += chunk) {
     const auto first = x.begin() + static_cast<std::ptrdiff_t>(b);
     const auto last = x.begin() + static_cast<std::ptrdiff_t>(std::min(b + chunk, n));
     const auto [lo, hi] = std::minmax_element(first, last);
-    const float bound = (*hi - *lo) / 508.f +
+    const float bound = (*hi - *lo) / (2.f * steps) * (1.f + 0x1p-15f) +
                         4 * std::numeric_limits<float>::epsilon() * std::max(std::abs(*lo), std::abs(*hi));
     for (auto i = b; i < std::min(b + chunk, n); ++i) wrong += !(std::abs(x[i] - y[i]) <= bound);
   }
   const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
-  std::printf("# sinew-bench quantize: %.1f MiB of floats, chunk %zu, median of %d\n", mib, chunk, reps);
+  std::printf("# sinew-bench quantize: %.1f MiB of floats, %d bits, chunk %zu, median of %d\n", mib, bits,
+              chunk, reps);
   std::printf("%12s %12s %12s %8s\n", "encode_GB/s", "decode_GB/s", "wire_ratio", "#wrong");
   std::printf("%12.2f %12.2f %12.4f %8zu\n", gb / enc, gb / dec,
               static_cast<double>(bytes.size()) / static_cast<double>(n * sizeof(float)), wrong);

@@ -57,8 +57,9 @@ int wrap(int i, int n) { return ((i % n) + n) % n; }
 }  // namespace
 
 void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::size_t chunk,
-                          std::span<float> residual, const comm::Options& opts, CommStats* stats) {
+                          std::span<float> residual, const comm::Options& opts, CommStats* stats, int bits) {
   if (chunk == 0) SINEW_THROW(InvalidArgument, "compressed_allreduce: the chunk size must be at least 1");
+  (void)encoded_bytes(0, chunk, bits);  // bits and chunk's alignment, at every rank alike
   if (!residual.empty() && residual.size() != data.size()) {
     SINEW_THROW(InvalidArgument,
                 "compressed_allreduce: the residual has {} elements, the data {}; pass an empty residual "
@@ -79,7 +80,7 @@ void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::si
   std::vector<std::size_t> wire_at(static_cast<std::size_t>(n) + 1, 0);
   for (int k = 0; k < n; ++k) {
     const auto ku = static_cast<std::size_t>(k);
-    wire_at[ku + 1] = wire_at[ku] + encoded_bytes(block_of(count, n, k).count, chunk);
+    wire_at[ku + 1] = wire_at[ku] + encoded_bytes(block_of(count, n, k).count, chunk, bits);
   }
   std::vector<std::byte> wire(wire_at.back());
   const auto wire_of = [&](int k) {
@@ -106,12 +107,12 @@ void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::si
     const Block b = block_of(count, n, k);
     if (b.count == 0) continue;
     const std::span<float> x = data.subspan(b.offset, b.count);
-    encode(x, chunk, wire_of(k));
+    encode(x, chunk, wire_of(k), bits);
     sends.push_back(backend.send(comm::Buffer::of(wire_of(k)), k, opts));
     count_send(stats, wire_of(k).size());
     if (feedback) {
       const std::span<float> res = residual.subspan(b.offset, b.count);
-      decode(wire_of(k), chunk, res);
+      decode(wire_of(k), chunk, res, bits);
       for (std::size_t j = 0; j < b.count; ++j) res[j] = x[j] - res[j];
     }
   }
@@ -122,7 +123,7 @@ void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::si
     deadline.wait(*recvs[static_cast<std::size_t>(i++)]);
     decode_add(
         std::span<const std::byte>(contrib).subspan(static_cast<std::size_t>(k) * own_bytes, own_bytes),
-        chunk, own_data);
+        chunk, own_data, bits);
   }
   recvs.clear();
   deadline.wait_all(sends);  // `wire` is reused for the allgather
@@ -133,7 +134,7 @@ void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::si
     if (k != r && !wire_of(k).empty()) recvs.push_back(backend.recv(comm::Buffer::of(wire_of(k)), k, opts));
   }
   if (own_bytes > 0) {
-    encode(own_data, chunk, wire_of(r));
+    encode(own_data, chunk, wire_of(r), bits);
     for (int i = 1; i < n; ++i) {
       sends.push_back(backend.send(comm::Buffer::of(wire_of(r)), wrap(r + i, n), opts));
       count_send(stats, own_bytes);
@@ -142,20 +143,20 @@ void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::si
   // The owner decodes its own bytes too, so that every rank holds the same values.
   if (feedback) {
     const std::span<float> res = residual.subspan(own.offset, own.count);
-    decode(wire_of(r), chunk, res);
+    decode(wire_of(r), chunk, res, bits);
     for (std::size_t j = 0; j < own.count; ++j) {
       const float decoded = res[j];
       res[j] = own_data[j] - decoded;  // the reduced block's quantisation error, sent again next call
       own_data[j] = decoded;
     }
   } else {
-    decode(wire_of(r), chunk, own_data);
+    decode(wire_of(r), chunk, own_data, bits);
   }
   for (int k = 0, i = 0; k < n; ++k) {
     if (k == r || wire_of(k).empty()) continue;
     deadline.wait(*recvs[static_cast<std::size_t>(i++)]);
     const Block b = block_of(count, n, k);
-    decode(wire_of(k), chunk, data.subspan(b.offset, b.count));
+    decode(wire_of(k), chunk, data.subspan(b.offset, b.count), bits);
   }
   deadline.wait_all(sends);
 }

@@ -5,17 +5,23 @@
 // (comm::ring::block_of). Each rank quantises block j of its buffer (quantize.hpp) and
 // sends it to rank j; rank j sums the n contributions of its block (its own exactly, the others decoded),
 // quantises the sum, and sends it to every rank; everyone, rank j included, decodes the same bytes, so all
-// ranks end bitwise equal. Each rank sends about 2(n-1)/n of the buffer at one byte per element, a
-// quarter of the ring's traffic (plus 8 bytes per chunk).
+// ranks end bitwise equal. Each rank sends about 2(n-1)/n of the buffer at `bits` bits per element (8, 4
+// or 2): a quarter, an eighth or a sixteenth of the ring's traffic (plus 8 bytes per chunk).
+//
+// Each block is encoded on its own (quantize.hpp): its chunks count from the start of the block, and its
+// codes from bit 0 of its own code bytes, so a block of any length (odd ones too) is a complete encoding.
+// Below 8 bits, `chunk` must be a multiple of 8 / bits (quantize.hpp).
 //
 // Error bound of compressed_allreduce, per element of block j in chunk c (of `chunk` elements, counted
-// from the start of the block), with s_k = (max - min) / 254 over chunk c of rank k's quantised input
-// and S the same over chunk c of the sum:
+// from the start of the block), with s_k = (max - min) / (2^bits - 2) over chunk c of rank k's
+// quantised input and S the same over chunk c of the sum:
 //
-//   |result - sum_k input_k| <= sum_{k != j} s_k / 2 + S / 2   (plus float rounding),
+//   |result - sum_k input_k| <= sum_{k != j} s_k / 2 + S / 2   (plus the step's rounding up, a factor
+//                                                              1 + 2^-15, and float rounding),
 //
 // where input_k = data_k, or data_k + residual_k with error feedback. For n ranks whose inputs span a
-// range R per chunk, the sum spans at most n * R, so the error is below (2n - 1) * R / 508.
+// range R per chunk, the sum spans at most n * R, so the error is below (2n - 1) * R / (2 * (2^bits - 2)):
+// (2n - 1) * R / 508 at 8 bits, / 28 at 4 bits, / 4 at 2 bits.
 //
 // Error feedback (a non-empty `residual`, same size as data, zero at the start, kept by the caller from
 // call to call): each rank quantises data + residual and keeps what was lost, so that nothing is lost over
@@ -23,11 +29,11 @@
 // compensation). Summed over ranks and calls, the outputs plus the final residuals equal the inputs up to
 // float rounding.
 //
-// The call is collective (all ranks call it in the same order, with the same data.size() and chunk) and
-// uses the point-to-point tag opts.tag; other traffic on the backend must use another tag. The whole
-// call must complete within opts.timeout: otherwise it throws Timeout, and a failed peer surfaces as the
-// backend's CommFailure. After an exception, data and residual are unspecified and the backend should be
-// aborted. With one rank it returns at once and leaves data (and residual) unchanged.
+// The call is collective (all ranks call it in the same order, with the same data.size(), chunk and
+// bits) and uses the point-to-point tag opts.tag; other traffic on the backend must use another tag. The
+// whole call must complete within opts.timeout: otherwise it throws Timeout, and a failed peer surfaces
+// as the backend's CommFailure. After an exception, data and residual are unspecified and the backend
+// should be aborted. With one rank it returns at once and leaves data (and residual) unchanged.
 #pragma once
 
 #include <cstddef>
@@ -41,12 +47,14 @@ namespace sinew::algo {
 /// What a call put on the wire from this rank; the functions add to it.
 using CommStats = comm::CommStats;
 
-/// In-place approximate sum over all ranks, with 8-bit quantisation in chunks of `chunk` elements.
-/// `residual`: empty (no error feedback) or data.size() floats carried from call to call. `stats` may be
-/// null. Throws InvalidArgument for chunk 0 or a residual of another size (at every rank alike), and
+/// In-place approximate sum over all ranks, with `bits`-bit quantisation (8, 4 or 2) in chunks of `chunk`
+/// elements. `residual`: empty (no error feedback) or data.size() floats carried from call to call.
+/// `stats` may be null. Throws InvalidArgument for chunk 0, bits not 8, 4 or 2, a chunk that is not a
+/// multiple of 8 / bits, or a residual of another size (at every rank alike, even with one rank), and
 /// for a NaN or infinite value in data + residual or in a reduced block (only at the rank that finds
 /// it, before it sends that block: its peers then time out, as when a rank stops).
 void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::size_t chunk,
-                          std::span<float> residual, const comm::Options& opts, CommStats* stats = nullptr);
+                          std::span<float> residual, const comm::Options& opts, CommStats* stats = nullptr,
+                          int bits = 8);
 
 }  // namespace sinew::algo
