@@ -263,10 +263,16 @@ case "$scenario" in
       check $? --failures 1 --event grow --field done.algorithm=$a --final-world-size 4
     fi
     ;;
-  algo-reshard)
-    # ByteGrad's per-rank error-feedback residuals go into checkpoints as one block per rank, and a resume
-    # at another size spreads them over the new ranks (docs/checkpoint-format.md).
+  algo-reshard | algo-reshard-powersgd)
+    # ByteGrad's per-rank error-feedback residuals (PowerSGD's error memories) go into checkpoints as one
+    # block per rank, and a resume at another size spreads them over the new ranks
+    # (docs/checkpoint-format.md).
     ef=(--algorithm bytegrad --error-feedback true --checkpoint-keep 0)
+    tensor=algo/residual algorithm=bytegrad
+    if [ "$scenario" = algo-reshard-powersgd ]; then
+      ef=(--algorithm powersgd --checkpoint-keep 0)
+      tensor=algo/powersgd_error algorithm=powersgd
+    fi
     run 120 "${ef[@]}" --max-steps 50
     rc=$?
     [ $rc -eq 0 ] || { echo "FAIL $scenario: first run exit $rc"; tail -n 30 "$d/out.txt"; exit 1; }
@@ -274,22 +280,24 @@ case "$scenario" in
     rc=$?
     ckpt_tool="$(dirname "$train")/sinew-ckpt"
     params=$("$ckpt_tool" inspect "$d/ckpt/ckpt-0000000050" | awk '$1 == "params" {print $2}')
-    r4=$("$ckpt_tool" inspect "$d/ckpt/ckpt-0000000050" | awk '$1 == "algo/residual" {print $2}')
+    r4=$("$ckpt_tool" inspect "$d/ckpt/ckpt-0000000050" | awk -v t=$tensor '$1 == t {print $2}')
     last=$(ls -d "$d"/ckpt/ckpt-* | tail -n 1)
-    r3=$("$ckpt_tool" inspect "$last" | awk '$1 == "algo/residual" {print $2}')
+    r3=$("$ckpt_tool" inspect "$last" | awk -v t=$tensor '$1 == t {print $2}')
     if [ "$r4" != $((4 * params)) ] || [ "$r3" != $((3 * params)) ]; then
       echo "FAIL $scenario: residual sizes $r4 (4 ranks) and $r3 (3 ranks) for $params parameters"; exit 1
     fi
-    check $rc --field resume.from_world_size=4 --field resume.world_size=3 --field done.algorithm=bytegrad
+    check $rc --field resume.from_world_size=4 --field resume.world_size=3 --field done.algorithm=$algorithm
     ;;
   algo-*)
     # Every communication algorithm converges and survives a rank killed in its exchange (for the
-    # relaxed ones: the model exchange after the step, or QAdam's compressed momentum), at step 60.
+    # relaxed ones: the model exchange after the step; QAdam's compressed momenta and PowerSGD's factors,
+    # both exchanged bucket by bucket during backward, past their warm-ups), at step 60.
     a=${scenario#algo-}
     extra=()
     case $a in
       ring) a=gradient_allreduce; extra=(--allreduce ring) ;;
       bytegrad) extra=(--error-feedback true) ;;
+      bytegrad-4bit) a=bytegrad; extra=(--error-feedback true --bytegrad-bits 4) ;;
       qadam) extra=(--optimizer adam --qadam-warmup-steps 30); lr=0.002 ;;
       decentralized) extra=(--peer-selection shift_one) ;;
     esac

@@ -8,7 +8,9 @@
 //   decentralized  `all`: the exact average of the models after the local steps; `shift_one`: the pairwise
 //                  average with algo::shift_one_peer's partner of the round; nothing between intervals;
 //   low_precision_decentralized  the CHOCO gossip step x += (x̂_left + x̂_right - 2 x̂_self) / 3;
-//   async          background rounds average the models; consensus() leaves every rank with the average.
+//   async          background rounds average the models; consensus() leaves every rank with the average;
+//   powersgd       the exact sum during the warm-up; then the exact sum of a rank-1 gradient sum, vectors
+//                  exact, at a fraction of the bytes; error feedback conserves what went in.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -149,7 +151,7 @@ void put(std::vector<float>& to, const std::vector<float>& from) {
 /// sized once: the algorithm holds spans of them.
 struct Rig {
   Rig(algo::AlgorithmOptions opts, const optim::OptimizerOptions& oo, std::vector<float> p,
-      std::vector<float> g)
+      std::vector<float> g, std::vector<algo::TensorShape> tensors = {})
       : backend(mpi::Communicator::borrow(MPI_COMM_WORLD)),
         params(std::move(p)),
         grads(std::move(g)),
@@ -162,7 +164,8 @@ struct Rig {
                                                          .optimizer = *optimizer,
                                                          .op = op,
                                                          .compute_ms = [] { return 1.0; },
-                                                         .event = {}});
+                                                         .event = {},
+                                                         .tensors = std::move(tensors)});
   }
   [[nodiscard]] int rank() const { return backend.rank(); }
   [[nodiscard]] int size() const { return backend.size(); }
@@ -294,6 +297,132 @@ TEST(ByteGrad, ErrorFeedbackCarriesTheResidualSoNothingIsLostOverSteps) {
   EXPECT_GT(*std::max_element(residuals.begin(), residuals.end()), 1e-5) << "nothing was carried";
 }
 
+// ---- PowerSGD -------------------------------------------------------------------------------------------
+
+namespace {
+
+// kParams floats as layers: a 40 x 20 matrix and its bias, a 10 x 18 matrix and its bias. Rank 2 compresses
+// both matrices ((40 + 20) * 2 * 2 <= 800, (10 + 18) * 2 * 2 <= 180).
+const std::vector<algo::TensorShape> kLayers = {{0, 40, 20}, {800, 20, 1}, {820, 10, 18}, {1000, 3, 1}};
+
+/// Two buckets of whole layers, the last layer's first, as the bucketer hands them over.
+void reduce_layers(Rig& r, std::int64_t step) {
+  std::span<float> g(r.grads);
+  r.algorithm->begin_step(step);
+  r.algorithm->reduce_bucket(g.subspan(820), 820);
+  r.algorithm->reduce_bucket(g.subspan(0, 820), 0);
+}
+
+/// Rank `rank`'s gradient whose sum over ranks has rank 1 in each matrix: the matrices are a_rank b^T with
+/// the same b on every rank (dyadic values, so the sums are exact), the biases any dyadic values.
+std::vector<float> rank_one_grads(int rank) {
+  std::vector<float> g = values(dyadic, 31, rank);
+  for (const auto& t : kLayers) {
+    if (t.cols == 1) continue;
+    for (std::size_t i = 0; i < t.rows; ++i) {
+      for (std::size_t j = 0; j < t.cols; ++j) {
+        g[t.offset + i * t.cols + j] = dyadic(37, rank, i) * (dyadic(41, 0, j) + 2.f);
+      }
+    }
+  }
+  return g;
+}
+
+algo::AlgorithmOptions powersgd(int rank, std::int64_t warmup) {
+  auto o = named("powersgd");
+  o.powersgd_rank = rank;
+  o.powersgd_warmup_steps = warmup;
+  return o;
+}
+
+}  // namespace
+
+TEST(PowerSGD, WarmUpStepsAreTheExactSum) {
+  Rig r(powersgd(2, 3), sgd(0), std::vector<float>(kParams, 0.f), values(dyadic, 5, world_rank()), kLayers);
+  ASSERT_EQ(r.algorithm->name(), "powersgd");
+  EXPECT_TRUE(r.algorithm->reduces_gradients(1));
+  EXPECT_FALSE(r.algorithm->uses_backend_allreduce());
+  reduce_layers(r, 3);
+  std::vector<float> exact(kParams, 0.f);
+  for (int k = 0; k < world_size(); ++k) {
+    for (std::size_t i = 0; i < kParams; ++i) exact[i] += dyadic(5, k, i);
+  }
+  EXPECT_EQ(std::memcmp(r.grads.data(), exact.data(), kParams * sizeof(float)), 0)
+      << "a warm-up step is not the exact sum";
+}
+
+TEST(PowerSGD, ARankOneSumComesThroughWithVectorsExactAtAFractionOfTheBytes) {
+  const int n = world_size();
+  Rig r(powersgd(2, 0), sgd(0), std::vector<float>(kParams, 0.f), rank_one_grads(world_rank()), kLayers);
+  (void)r.algorithm->take_bytes_sent();
+  reduce_layers(r, 1);
+  std::vector<double> exact(kParams, 0.0);
+  for (int k = 0; k < n; ++k) {
+    const auto g = rank_one_grads(k);
+    for (std::size_t i = 0; i < kParams; ++i) exact[i] += g[i];
+  }
+  // One power iteration recovers a rank-1 matrix exactly (up to float rounding), and vectors are summed
+  // exactly (dyadic values).
+  expect_close(
+      r.grads, [&](std::size_t i) { return exact[i]; },
+      [&](std::size_t i) { return 1e-5 * (1 + std::abs(exact[i])) * n; }, "the approximated sum");
+  for (const auto& t : kLayers) {
+    if (t.cols != 1) continue;
+    for (std::size_t i = t.offset; i < t.offset + t.rows; ++i) EXPECT_EQ(r.grads[i], exact[i]) << i;
+  }
+  expect_same_on_every_rank(r.grads, "reduced gradients");
+  // P and Q of both matrices plus the 23 bias elements, against every element in an exact allreduce.
+  const std::size_t floats = (40 + 20) * 2 + (10 + 18) * 2 + 23;
+  const auto per_rank = [&](std::size_t f) { return 2 * static_cast<std::uint64_t>(n - 1) * f * 4 / n; };
+  const std::uint64_t sent = r.algorithm->take_bytes_sent();
+  EXPECT_LE(sent, per_rank(floats) + 8) << "more bytes than two factor allreduces";
+  EXPECT_LT(sent * 4, per_rank(kParams)) << "PowerSGD should send well under a quarter of the floats";
+}
+
+TEST(PowerSGD, ErrorFeedbackConservesWhatWentInOverSteps) {
+  const int n = world_size();
+  Rig r(powersgd(2, 0), sgd(0), std::vector<float>(kParams, 0.f), std::vector<float>(kParams, 0.f), kLayers);
+  const auto mine = values(uniform, 29, r.rank());  // full-rank gradients: rank 2 misses most of them
+  std::vector<double> exact(kParams, 0.0);
+  for (int k = 0; k < n; ++k) {
+    for (std::size_t i = 0; i < kParams; ++i) exact[i] += uniform(29, k, i);
+  }
+  double scale = 0;
+  for (double x : exact) scale = std::max(scale, std::abs(x));
+  constexpr int kSteps = 60, kEarly = 20;
+  std::vector<double> applied(kParams, 0.0);
+  double early = 0;  // how far the applied sum was off after kEarly steps
+  auto off = [&](int t) {
+    double worst = 0;
+    for (std::size_t i = 0; i < kParams; ++i) worst = std::max(worst, std::abs(applied[i] - t * exact[i]));
+    return worst;
+  };
+  for (int t = 1; t <= kSteps; ++t) {
+    put(r.grads, mine);
+    reduce_layers(r, t);
+    for (std::size_t i = 0; i < kParams; ++i) applied[i] += r.grads[i];
+    if (t == kEarly) early = off(t);
+  }
+  const auto state = r.algorithm->rank_state();
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_EQ(state[0].first, "algo/powersgd_error");
+  ASSERT_EQ(state[0].second.size(), kParams);
+  std::vector<double> memory(state[0].second.begin(), state[0].second.end());
+  MPI_Allreduce(MPI_IN_PLACE, memory.data(), static_cast<int>(kParams), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  // Summed over ranks and steps: what was applied plus what the memories still hold is what went in.
+  double unbalanced = 0;
+  for (std::size_t i = 0; i < kParams; ++i)
+    unbalanced = std::max(unbalanced, std::abs(applied[i] + memory[i] - kSteps * exact[i]));
+  EXPECT_LE(unbalanced, 1e-4 * kSteps * n) << "applied + memories differ from the inputs' sum";
+  // The memories' sum stays bounded (the warm-started power iteration works through the spectrum), so
+  // the applied sum keeps up with the true one: its error does not grow from step 20 to step 60 (with
+  // the approximation alone, no memory, it would grow with every step), and is a small part of the total.
+  const double late = off(kSteps);
+  EXPECT_LT(late, 1.5 * early) << "the error of the applied sum grew from " << early << " to " << late;
+  EXPECT_LT(late, 0.25 * kSteps * scale) << "the applied sum lags the true one";
+  EXPECT_GT(*std::max_element(memory.begin(), memory.end()), 1e-3) << "nothing was carried";
+}
+
 // ---- QAdam -----------------------------------------------------------------------------------------------
 
 TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
@@ -322,7 +451,9 @@ TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
         global[i] += dyadic(100 + static_cast<std::uint64_t>(s), k, i);
     }
     const bool warm_up = s <= o.qadam_warmup_steps;
-    EXPECT_EQ(r.algorithm->reduces_gradients(s), warm_up);
+    // Both the warm-up's gradients and the later momenta are exchanged bucket by bucket during backward.
+    EXPECT_TRUE(r.algorithm->reduces_gradients(s));
+    r.algorithm->begin_step(s);
     if (warm_up) {
       reduce_in_buckets(r);
       EXPECT_EQ(r.grads, global) << "the warm-up's gradient reduction is exact";
@@ -348,6 +479,7 @@ TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
       local[i] = o.beta1 * m_before[i] + (1.f - o.beta1) * static_cast<float>(n) * r.grads[i];
     const double range = max_over_ranks(range_of(local));
     const double m_bound = quantised_sum_bound(n, range, 2.0 * n) / n;  // of the average, not the sum
+    reduce_in_buckets(r);
     r.algorithm->step(s, lr);
     r.algorithm->after_step(s);
     EXPECT_EQ(r.optimizer->steps(), t);

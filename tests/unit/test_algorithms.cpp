@@ -79,6 +79,15 @@ TEST(AlgorithmOptions, BadValuesAreNamed) {
   bad([](train::Config& c) { c.comm_interval = 0; }, "--comm-interval");
   bad([](train::Config& c) { c.sync_interval_ms = 0; }, "--sync-interval-ms");
   bad([](train::Config& c) { c.qadam_warmup_steps = 0; }, "--qadam-warmup-steps");
+  bad([](train::Config& c) { c.bytegrad_bits = 3; }, "--bytegrad-bits");
+  bad(
+      [](train::Config& c) {
+        c.bytegrad_bits = 2;
+        c.compress_chunk = 2046;  // not a multiple of 4 elements per byte
+      },
+      "--compress-chunk");
+  bad([](train::Config& c) { c.powersgd_rank = 0; }, "--powersgd-rank");
+  bad([](train::Config& c) { c.powersgd_warmup_steps = -1; }, "--powersgd-warmup-steps");
   // --allreduce is typed: a bad name is refused while parsing, naming the option.
   const char* argv[] = {"sinew-train", "--allreduce", "tree"};
   try {

@@ -11,7 +11,9 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <Eigen/Core>
 
+#include "sinew/algo/lowrank.hpp"
 #include "sinew/algo/quantize.hpp"
 #include "sinew/comm/ring/backend.hpp"
 #include "sinew/core/error.hpp"
@@ -79,18 +81,22 @@ class GradientAllreduce final : public Algorithm {
 };
 
 /// Bagua's ByteGrad: buckets are reduced in 8-bit min-max quantised form (compressed_allreduce), about a
-/// quarter of the bytes. With error feedback (which Bagua lacks) the quantisation error of each step is
-/// added to the next step's gradients, so no gradient mass is lost, only delayed.
+/// quarter of the bytes; at 4 or 2 bits an eighth or a sixteenth. With error feedback (which Bagua lacks)
+/// the quantisation error of each step is added to the next step's gradients, so no gradient mass is
+/// lost, only delayed.
 class ByteGrad final : public Algorithm {
  public:
-  ByteGrad(Context ctx, std::size_t chunk, bool error_feedback)
-      : Algorithm(std::move(ctx)), chunk_(chunk), residual_(error_feedback ? ctx_.grads.size() : 0, 0.f) {}
+  ByteGrad(Context ctx, std::size_t chunk, bool error_feedback, int bits)
+      : Algorithm(std::move(ctx)),
+        chunk_(chunk),
+        bits_(bits),
+        residual_(error_feedback ? ctx_.grads.size() : 0, 0.f) {}
   [[nodiscard]] std::string name() const override { return "bytegrad"; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
   void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
     std::span<float> res;
     if (!residual_.empty()) res = std::span<float>(residual_).subspan(offset, bucket.size());
-    compressed_allreduce(ctx_.backend, bucket, chunk_, res, ctx_.op, &stats_);
+    compressed_allreduce(ctx_.backend, bucket, chunk_, res, ctx_.op, &stats_, bits_);
   }
   std::vector<std::pair<std::string, std::span<float>>> rank_state() override {
     if (residual_.empty()) return {};
@@ -99,12 +105,15 @@ class ByteGrad final : public Algorithm {
 
  private:
   std::size_t chunk_;
+  int bits_;
   std::vector<float> residual_;
 };
 
 /// QAdam (Bagua): exact Adam for the warm-up steps; then the second moment is frozen and the ranks
 /// exchange their local first moments, quantised, instead of gradients. Momentum is smoother than a
-/// gradient and quantises with less relative error.
+/// gradient and quantises with less relative error. Either exchange runs bucket by bucket as backward
+/// produces the gradients (a bucket's momentum needs only its own gradients), overlapped with the rest
+/// of backward like the exact allreduce.
 class QAdam final : public Algorithm {
  public:
   QAdam(Context ctx, const AlgorithmOptions& o)
@@ -118,23 +127,34 @@ class QAdam final : public Algorithm {
                   ctx_.optimizer.name());
   }
   [[nodiscard]] std::string name() const override { return "qadam"; }
-  [[nodiscard]] bool reduces_gradients(std::int64_t s) const override { return s <= o_.qadam_warmup_steps; }
-  void reduce_bucket(std::span<float> bucket, std::size_t) override { ring_sum(ring_, bucket, ctx_.op); }
+  void begin_step(std::int64_t s) override { step_ = s; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
+  void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
+    if (warm_up(step_)) {
+      ring_sum(ring_, bucket, ctx_.op);
+      return;
+    }
+    // This rank's momentum from its own gradients (its share times n is its own mean gradient); the
+    // average of the ranks' momenta is the momentum of the global mean gradient.
+    const auto n = static_cast<float>(ctx_.backend.size());
+    const float b1 = o_.beta1;
+    const std::span<float> local = std::span<float>(local_).subspan(offset, bucket.size());
+    const float* m = m_.data() + offset;
+    for (std::size_t i = 0; i < bucket.size(); ++i) local[i] = b1 * m[i] + (1.f - b1) * n * bucket[i];
+    compressed_allreduce(ctx_.backend, local, o_.chunk, {}, ctx_.op, &stats_);
+    exchanged_ = step_;
+  }
   void step(std::int64_t s, float lr) override {
-    if (reduces_gradients(s)) {
+    if (warm_up(s)) {
       Algorithm::step(s, lr);
       return;
     }
+    SINEW_ENFORCE(exchanged_ == s, "qadam: step {} without its momentum exchange (begin_step {})", s, step_);
     const auto n = static_cast<float>(ctx_.backend.size());
-    const std::span<float> p = ctx_.params, g = ctx_.grads;
-    const float b1 = o_.beta1;
-    // This rank's momentum from its own gradients (its share times n is its own mean gradient); the
-    // average of the ranks' momenta is the momentum of the global mean gradient.
-    for (std::size_t i = 0; i < p.size(); ++i) local_[i] = b1 * m_[i] + (1.f - b1) * n * g[i];
-    compressed_allreduce(ctx_.backend, local_, o_.chunk, {}, ctx_.op, &stats_);
+    const std::span<float> p = ctx_.params;
     const std::int64_t t = ctx_.optimizer.steps() + 1;
     const std::int64_t tv = std::min<std::int64_t>(t, std::max<std::int64_t>(o_.qadam_warmup_steps, 1));
-    const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(t));
+    const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(tv));  // frozen v
     const auto step_size = static_cast<float>(lr / bc1);
     const auto inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
@@ -146,10 +166,143 @@ class QAdam final : public Algorithm {
   }
 
  private:
+  [[nodiscard]] bool warm_up(std::int64_t s) const { return s <= o_.qadam_warmup_steps; }
+
   AlgorithmOptions o_;
   std::span<float> m_, v_;
-  std::vector<float> local_;
+  std::vector<float> local_;  // the momenta being averaged (after the warm-up)
+  std::int64_t step_ = 0, exchanged_ = 0;
   comm::ring::RingBackend ring_{ctx_.backend, &stats_};  // the warm-up's exact gradient reduction
+};
+
+/// PowerSGD (Vogels et al., 2019; lowrank.hpp): each gradient matrix worth compressing travels as two
+/// rank-r factors, P = M Q and then Q = M^T P (P orthonormalised in between), each summed over the ranks
+/// in one allreduce per bucket; vectors and small matrices go exactly, in the first of the two allreduces.
+/// The allreduces are our ring's (deadline-bounded point-to-point, like ByteGrad's exchange). With the MPI
+/// library's nonblocking allreduce, polled against the deadline, a step's two factor allreduces (50 KB for
+/// the Fashion-MNIST MLP) took about 30 ms at 100 Mbit/s; with the ring about 5 (epoch 13.4 -> 6.3 s).
+/// M is this rank's gradient plus its error-feedback memory, which keeps what the approximation missed:
+/// e = M - P Q^T / n (the sum's approximation, shared by all ranks, less this rank's share), so that no
+/// gradient mass is lost, only delayed. Q is kept from step to step (warm start). The first
+/// `warmup_steps` steps reduce every bucket exactly, as PyTorch's start_powerSGD_iter.
+///
+/// Every rank ends with the same bytes (the factors come from the same allreduces), so the models stay
+/// replicated. After a change of membership the object is rebuilt: the memories start at zero and Q from
+/// its seed. The memories are per-rank state in checkpoints ("algo/powersgd_error").
+class PowerSGD final : public Algorithm {
+ public:
+  PowerSGD(Context ctx, int rank, std::int64_t warmup_steps)
+      : Algorithm(std::move(ctx)),
+        warmup_(warmup_steps),
+        factors_(lowrank_factors(ctx_.tensors, rank)),
+        error_(ctx_.grads.size(), 0.f) {}
+  [[nodiscard]] std::string name() const override { return "powersgd"; }
+  void begin_step(std::int64_t s) override { step_ = s; }
+  [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
+  void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
+    const int n = ctx_.backend.size();
+    if (n == 1) return;
+    if (step_ <= warmup_) {
+      ring_sum(ring_, bucket, ctx_.op);
+      return;
+    }
+    using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using Map = Eigen::Map<RowMajor>;
+    const auto ix = [](std::size_t v) { return static_cast<Eigen::Index>(v); };
+    const std::size_t end = offset + bucket.size();
+    // The bucket's matrices (buckets hold whole layers) and, between them, the elements sent exactly.
+    struct Run {
+      std::size_t offset, count;  // within the bucket
+    };
+    std::vector<LowRankFactor*> mine;
+    std::vector<Run> exact;
+    std::size_t at = offset, p_floats = 0, q_floats = 0, exact_floats = 0;
+    for (auto& f : factors_) {
+      const std::size_t f_end = f.shape.offset + f.shape.rows * f.shape.cols;
+      if (f_end <= offset || f.shape.offset >= end) continue;
+      if (f.shape.offset < offset || f_end > end) {
+        SINEW_THROW(InvalidArgument,
+                    "powersgd: the bucket [{}, {}) splits the matrix at [{}, {}); buckets must hold whole "
+                    "layers",
+                    offset, end, f.shape.offset, f_end);
+      }
+      if (f.shape.offset > at) exact.push_back({at - offset, f.shape.offset - at});
+      at = f_end;
+      mine.push_back(&f);
+      p_floats += f.shape.rows * f.rank;
+      q_floats += f.shape.cols * f.rank;
+    }
+    if (at < end) exact.push_back({at - offset, end - at});
+    for (const auto& e : exact) exact_floats += e.count;
+
+    // The first allreduce: every P = M Q, then the exact elements.
+    first_.resize(p_floats + exact_floats);
+    second_.resize(q_floats);
+    std::size_t p_at = 0;
+    for (LowRankFactor* f : mine) {
+      const std::size_t rows = f->shape.rows, cols = f->shape.cols, r = f->rank;
+      float* g = ctx_.grads.data() + f->shape.offset;
+      const float* e = error_.data() + f->shape.offset;
+      for (std::size_t i = 0; i < rows * cols; ++i) g[i] += e[i];  // M = gradient + memory, in place
+      Map(first_.data() + p_at, ix(rows), ix(r)).noalias() =
+          Map(g, ix(rows), ix(cols)) * Map(f->q.data(), ix(cols), ix(r));
+      p_at += rows * r;
+    }
+    std::size_t x_at = p_floats;
+    for (const auto& e : exact) {
+      std::copy_n(bucket.data() + e.offset, e.count, first_.data() + x_at);
+      x_at += e.count;
+    }
+    ring_sum(ring_, first_, ctx_.op);
+    x_at = p_floats;
+    for (const auto& e : exact) {
+      std::copy_n(first_.data() + x_at, e.count, bucket.data() + e.offset);
+      x_at += e.count;
+    }
+
+    // The second: every Q = M^T P, with P's columns orthonormal.
+    p_at = 0;
+    std::size_t q_at = 0;
+    for (LowRankFactor* f : mine) {
+      const std::size_t rows = f->shape.rows, cols = f->shape.cols, r = f->rank;
+      orthonormalize_columns(std::span<float>(first_).subspan(p_at, rows * r), rows, r);
+      Map(second_.data() + q_at, ix(cols), ix(r)).noalias() =
+          Map(ctx_.grads.data() + f->shape.offset, ix(rows), ix(cols)).transpose() *
+          Map(first_.data() + p_at, ix(rows), ix(r));
+      p_at += rows * r;
+      q_at += cols * r;
+    }
+    ring_sum(ring_, second_, ctx_.op);
+
+    // The approximation of the sum, P Q^T, replaces the gradients; the memory keeps what this rank's M
+    // lost against its share of it.
+    p_at = 0;
+    q_at = 0;
+    const float share = 1.f / static_cast<float>(n);
+    for (LowRankFactor* f : mine) {
+      const std::size_t rows = f->shape.rows, cols = f->shape.cols, r = f->rank;
+      float* g = ctx_.grads.data() + f->shape.offset;
+      float* e = error_.data() + f->shape.offset;
+      std::copy_n(second_.data() + q_at, cols * r, f->q.data());  // the warm start of the next step
+      std::copy_n(g, rows * cols, e);
+      Map(g, ix(rows), ix(cols)).noalias() =
+          Map(first_.data() + p_at, ix(rows), ix(r)) * Map(f->q.data(), ix(cols), ix(r)).transpose();
+      for (std::size_t i = 0; i < rows * cols; ++i) e[i] -= share * g[i];
+      p_at += rows * r;
+      q_at += cols * r;
+    }
+  }
+  std::vector<std::pair<std::string, std::span<float>>> rank_state() override {
+    return {{"algo/powersgd_error", std::span<float>(error_)}};
+  }
+
+ private:
+  std::int64_t warmup_;
+  std::int64_t step_ = 0;
+  std::vector<LowRankFactor> factors_;
+  std::vector<float> error_;           // error-feedback memory, this rank's; zero outside the matrices
+  std::vector<float> first_, second_;  // one bucket's messages
+  comm::ring::RingBackend ring_{ctx_.backend, &stats_};  // every allreduce, counting its bytes
 };
 
 // ---- decentralized model averaging ---------------------------------------------------------------------
@@ -412,7 +565,10 @@ class Async final : public LocalSteps {
 
 std::unique_ptr<Algorithm> make_named(const std::string& name, const AlgorithmOptions& o, Context ctx) {
   if (name == "gradient_allreduce") return std::make_unique<GradientAllreduce>(std::move(ctx), o.allreduce);
-  if (name == "bytegrad") return std::make_unique<ByteGrad>(std::move(ctx), o.chunk, o.error_feedback);
+  if (name == "bytegrad")
+    return std::make_unique<ByteGrad>(std::move(ctx), o.chunk, o.error_feedback, o.bits);
+  if (name == "powersgd")
+    return std::make_unique<PowerSGD>(std::move(ctx), o.powersgd_rank, o.powersgd_warmup_steps);
   if (name == "qadam") return std::make_unique<QAdam>(std::move(ctx), o);
   if (name == "decentralized")
     return std::make_unique<Decentralized>(std::move(ctx), o.peer_selection == "shift_one", o.comm_interval);
@@ -424,9 +580,11 @@ std::unique_ptr<Algorithm> make_named(const std::string& name, const AlgorithmOp
 
 /// `auto`: times our ring allreduce of a buffer as large as the gradients against one step's computation
 /// (both the slowest rank's), and picks the exact allreduce (our ring) when communication costs at most
-/// half the compute, otherwise ByteGrad with error feedback: a quarter of the bytes, gradients exact on
-/// average. On the shaped test bed ByteGrad beat the decentralized algorithms at every rate
-/// (docs/benchmarks.md), so they are not candidates.
+/// half the compute; otherwise ByteGrad with error feedback (a quarter of the bytes, gradients exact on
+/// average) when its share of the bytes brings communication down to half the compute; otherwise, when
+/// communication dominates even at 8 bits, PowerSGD, if the model's matrices make it send fewer bytes
+/// than ByteGrad. On the shaped test bed ByteGrad and PowerSGD beat the decentralized algorithms at every
+/// rate (docs/benchmarks.md), so those are not candidates.
 std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
   const int n = ctx.backend.size();
   std::string choice = "gradient_allreduce", why;
@@ -452,10 +610,25 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
     if (ratio <= kExactBelow) {
       why = fmt::format("allreduce {:.1f} ms <= {:.1f} x compute {:.1f} ms", t[0], kExactBelow, t[1]);
     } else {
-      choice = "bytegrad";
-      o.error_feedback = true;
-      why = fmt::format("allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms: 8-bit gradients", t[0], ratio,
-                        t[1]);
+      // The shares of the exact allreduce's bytes that ByteGrad and PowerSGD send.
+      const auto total = static_cast<double>(ctx.grads.size());
+      const double bytegrad = (1.0 + 2.0 * sizeof(float) / static_cast<double>(o.chunk)) / sizeof(float);
+      const double lowrank = static_cast<double>(powersgd_floats(
+                                 lowrank_factors(ctx.tensors, o.powersgd_rank), ctx.grads.size())) /
+                             total;
+      if (ratio * bytegrad <= kExactBelow || lowrank >= bytegrad) {
+        choice = "bytegrad";
+        o.error_feedback = true;
+        why = fmt::format("allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms: 8-bit gradients", t[0], ratio,
+                          t[1]);
+      } else {
+        choice = "powersgd";
+        why = fmt::format(
+            "allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms, {:.1f} x at 8 bits: rank-{} gradients, "
+            "{:.1f} % "
+            "of the bytes",
+            t[0], ratio, t[1], ratio * bytegrad, o.powersgd_rank, 100 * lowrank);
+      }
     }
     o.allreduce = AllreduceImpl::kRing;
   }
@@ -477,8 +650,8 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
 
 const std::vector<std::string>& algorithm_names() {
   static const std::vector<std::string> names = {
-      "gradient_allreduce",          "bytegrad", "qadam", "decentralized",
-      "low_precision_decentralized", "async",    "auto"};
+      "gradient_allreduce",          "bytegrad", "qadam",    "decentralized",
+      "low_precision_decentralized", "async",    "powersgd", "auto"};
   return names;
 }
 

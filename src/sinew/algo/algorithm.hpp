@@ -1,9 +1,10 @@
 // Communication algorithms of data-parallel training (docs/algorithms.md): how ranks combine what they
 // learn each step. The exact baseline reduces every gradient (gradient_allreduce); the relaxed ones trade
 // exactness for bytes on a slow network (Bagua's ByteGrad, QAdam, decentralized and asynchronous model
-// averaging), and `auto` chooses among them from a bandwidth measurement.
+// averaging, PowerSGD's low-rank gradients), and `auto` chooses among them from a bandwidth measurement.
 //
 // The trainer calls an algorithm at fixed points of a step:
+//   begin_step()      before the step's forward pass, with the step's number (PowerSGD: warm-up or not);
 //   reduce_bucket()   a gradient bucket is final (during backward, on the bucketer's communication thread)
 //                     -- only if reduces_gradients() for this step;
 //   step()            the optimiser step (an algorithm may take it over: QAdam);
@@ -49,6 +50,18 @@ struct AlgorithmOptions {
   int comm_interval = 1;                  ///< decentralized: average every this many steps
   int sync_interval_ms = 50;              ///< async: average models this often in the background
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  ///< qadam (the run's Adam settings)
+  int bits = 8;                                     ///< bytegrad: bits per quantised element (8, 4, 2)
+  int powersgd_rank = 4;                    ///< powersgd: rank of each gradient matrix's approximation
+  std::int64_t powersgd_warmup_steps = 10;  ///< powersgd: exact allreduce steps before compressing
+};
+
+/// A parameter tensor of the flat buffer, as a matrix: `rows` x `cols` elements from `offset`, row major
+/// (a model's C-order view (model::ParamView) with its first dimension as rows and the others flattened).
+/// A vector (a bias) has cols == 1.
+struct TensorShape {
+  std::size_t offset = 0;
+  std::size_t rows = 0;
+  std::size_t cols = 1;
 };
 
 /// The names --algorithm accepts.
@@ -65,6 +78,9 @@ struct Context {
   std::function<double()> compute_ms;
   /// Writes an event line to the run's metrics (rank 0) and the log.
   std::function<void(const nlohmann::json&)> event;
+  /// The parameter tensors, in buffer order (PowerSGD compresses the matrices among them). Empty: the
+  /// buffer is one vector.
+  std::vector<TensorShape> tensors = {};
 };
 
 class Algorithm {
@@ -76,6 +92,8 @@ class Algorithm {
   virtual ~Algorithm() = default;
 
   [[nodiscard]] virtual std::string name() const = 0;
+  /// Called before the forward pass of step `step` (1-based), on every rank.
+  virtual void begin_step(std::int64_t /*step*/) {}
   /// Whether the gradients of step `step` (the one being trained, 1-based) are reduced bucket by bucket.
   [[nodiscard]] virtual bool reduces_gradients(std::int64_t step) const = 0;
   /// Reduces one gradient bucket (the sum over ranks, in place). `offset`: its position in the gradients.

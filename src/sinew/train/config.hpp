@@ -57,6 +57,9 @@ struct Config {
   algo::AllreduceImpl allreduce = algo::AllreduceImpl::kMpi;  ///< gradient_allreduce: mpi | ring
   std::size_t compress_chunk = 2048;                          ///< elements per 8-bit quantisation chunk
   bool error_feedback = false;                                ///< bytegrad: carry the quantisation residual
+  int bytegrad_bits = 8;                                      ///< bytegrad: bits per element (8, 4, 2)
+  int powersgd_rank = 4;                                      ///< powersgd: rank of the approximation
+  std::int64_t powersgd_warmup_steps = 10;                    ///< powersgd: exact steps before compressing
   std::int64_t qadam_warmup_steps = 100;  ///< qadam: exact Adam steps before freezing the variance
   std::string peer_selection = "all";     ///< decentralized: all | shift_one
   int comm_interval = 1;                  ///< decentralized algorithms: average every N steps

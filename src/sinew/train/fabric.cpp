@@ -51,7 +51,8 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
     wo.faults = s.faults;
     writer_ = std::make_unique<checkpoint::Writer>(s.checkpoint_dir, *backend_, wo);
   }
-  algo::Context ctx{*backend_, s.params, s.grads, *s.optimizer, s.op, s.compute_ms, s.algorithm_event};
+  algo::Context ctx{*backend_, s.params,     s.grads,           *s.optimizer,
+                    s.op,      s.compute_ms, s.algorithm_event, s.tensors};
   algorithm_ = algo::make_algorithm(s.algorithm, std::move(ctx));
   const auto bucket_bytes = static_cast<std::size_t>(s.bucket_mb * (1 << 20));
 #if SINEW_HAVE_CUDA

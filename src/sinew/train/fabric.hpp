@@ -61,6 +61,7 @@ struct FabricSetup {
   // The model and optimiser, owned by the trainer.
   std::span<float> params, grads;
   std::vector<comm::Range> grad_ready_order;
+  std::vector<algo::TensorShape> tensors;  ///< the parameter tensors as matrices (PowerSGD)
   optim::Optimizer* optimizer = nullptr;
   std::function<double()> compute_ms;                          ///< for `--algorithm auto`
   std::function<void(const nlohmann::json&)> algorithm_event;  ///< the algorithm's own events

@@ -88,15 +88,22 @@ po::options_description describe(Config& c, std::string& config_file) {
   po::options_description comm("Communication");
   comm.add_options()("algorithm", po::value(&c.algorithm)->default_value(c.algorithm),
                      "gradient_allreduce | bytegrad | qadam | decentralized | low_precision_decentralized | "
-                     "async | auto (docs/algorithms.md)")(
+                     "async | powersgd | auto (docs/algorithms.md)")(
       "allreduce",
       po::value(&c.allreduce)
           ->default_value(c.allreduce, std::string(name_of(algo::kAllreduceNames, c.allreduce))),
       "gradient_allreduce's implementation: mpi (the library's) | ring (Sinew's, over point-to-point)")(
       "compress-chunk", po::value(&c.compress_chunk)->default_value(c.compress_chunk)->value_name("N"),
-      "elements per 8-bit min-max quantisation chunk (bytegrad, qadam, low_precision_decentralized)")(
+      "elements per min-max quantisation chunk (bytegrad, qadam, low_precision_decentralized)")(
       "error-feedback", po::value(&c.error_feedback)->default_value(c.error_feedback)->value_name("BOOL"),
       "bytegrad: add each step's quantisation error to the next step's gradients")(
+      "bytegrad-bits", po::value(&c.bytegrad_bits)->default_value(c.bytegrad_bits)->value_name("BITS"),
+      "bytegrad: bits per quantised element, 8 | 4 | 2 (4 and 2 want --error-feedback true)")(
+      "powersgd-rank", po::value(&c.powersgd_rank)->default_value(c.powersgd_rank)->value_name("R"),
+      "powersgd: rank of each gradient matrix's approximation")(
+      "powersgd-warmup-steps",
+      po::value(&c.powersgd_warmup_steps)->default_value(c.powersgd_warmup_steps)->value_name("STEPS"),
+      "powersgd: steps with the exact allreduce before the gradients are compressed")(
       "qadam-warmup-steps", po::value(&c.qadam_warmup_steps)->default_value(c.qadam_warmup_steps),
       "qadam: exact Adam steps before the variance is frozen and momenta are exchanged compressed")(
       "peer-selection", po::value(&c.peer_selection)->default_value(c.peer_selection),
@@ -234,6 +241,11 @@ void validate_cuda(const Config& c) {
     SINEW_THROW(InvalidArgument,
                 "--error-feedback runs on the CPU only; with --device cuda bytegrad runs without it");
   }
+  if (c.bytegrad_bits != 8) {
+    SINEW_THROW(InvalidArgument,
+                "--bytegrad-bits {} runs on the CPU only; with --device cuda bytegrad sends 8 bits",
+                c.bytegrad_bits);
+  }
 }
 
 void one_of(const std::string& value, std::initializer_list<const char*> allowed, const char* option) {
@@ -348,11 +360,26 @@ void validate(const Config& c) {
   one_of(c.dataset, {"fashion-mnist", "mnist", "csv", "synthetic"}, "--dataset");
   one_of(c.algorithm,
          {"gradient_allreduce", "bytegrad", "qadam", "decentralized", "low_precision_decentralized", "async",
-          "auto"},
+          "powersgd", "auto"},
          "--algorithm");
   one_of(c.peer_selection, {"all", "shift_one"}, "--peer-selection");
   if (c.compress_chunk < 1 || c.compress_chunk > (1u << 24)) {
     SINEW_THROW(InvalidArgument, "--compress-chunk must be between 1 and 16777216, got {}", c.compress_chunk);
+  }
+  if (c.bytegrad_bits != 8 && c.bytegrad_bits != 4 && c.bytegrad_bits != 2) {
+    SINEW_THROW(InvalidArgument, "--bytegrad-bits must be 8, 4 or 2, got {}", c.bytegrad_bits);
+  }
+  if (c.bytegrad_bits < 8 && c.compress_chunk % static_cast<std::size_t>(8 / c.bytegrad_bits) != 0) {
+    SINEW_THROW(InvalidArgument,
+                "--compress-chunk {} is not a multiple of {}: at --bytegrad-bits {} every chunk must start "
+                "on a byte",
+                c.compress_chunk, 8 / c.bytegrad_bits, c.bytegrad_bits);
+  }
+  if (c.powersgd_rank < 1 || c.powersgd_rank > 1024) {
+    SINEW_THROW(InvalidArgument, "--powersgd-rank must be between 1 and 1024, got {}", c.powersgd_rank);
+  }
+  if (c.powersgd_warmup_steps < 0) {
+    SINEW_THROW(InvalidArgument, "--powersgd-warmup-steps must be >= 0, got {}", c.powersgd_warmup_steps);
   }
   if (c.qadam_warmup_steps < 1) {
     SINEW_THROW(InvalidArgument,
@@ -432,6 +459,9 @@ nlohmann::json to_json(const Config& c) {
           {"compress_chunk", c.compress_chunk},
           {"error_feedback", c.error_feedback},
           {"qadam_warmup_steps", c.qadam_warmup_steps},
+          {"bytegrad_bits", c.bytegrad_bits},
+          {"powersgd_rank", c.powersgd_rank},
+          {"powersgd_warmup_steps", c.powersgd_warmup_steps},
           {"peer_selection", c.peer_selection},
           {"comm_interval", c.comm_interval},
           {"sync_interval_ms", c.sync_interval_ms},

@@ -60,6 +60,9 @@ algo::AlgorithmOptions algorithm_options(const Config& c) {
   o.chunk = c.compress_chunk;
   o.error_feedback = c.error_feedback;
   o.qadam_warmup_steps = c.qadam_warmup_steps;
+  o.bits = c.bytegrad_bits;
+  o.powersgd_rank = c.powersgd_rank;
+  o.powersgd_warmup_steps = c.powersgd_warmup_steps;
   o.peer_selection = c.peer_selection;
   o.comm_interval = c.comm_interval;
   o.sync_interval_ms = c.sync_interval_ms;
@@ -276,6 +279,12 @@ struct Trainer::Impl {
     s.params = net.params();
     s.grads = net.grads();
     for (const auto& r : net.grad_ready_order()) s.grad_ready_order.push_back({r.offset, r.count});
+    for (const auto& v : net.param_views()) {
+      // C order: the first dimension is the rows, the others flattened are the columns.
+      std::size_t cols = 1;
+      for (std::size_t d = 1; d < v.shape.size(); ++d) cols *= v.shape[d];
+      s.tensors.push_back({v.offset, v.shape.empty() ? 1 : v.shape[0], cols});
+    }
     s.optimizer = optimizer.get();
     s.compute_ms = [this] { return probe_compute_ms(); };
     s.algorithm_event = [this](const nlohmann::json& ev) {
@@ -432,6 +441,7 @@ struct Trainer::Impl {
     prefetch_teacher(rank, world, total, micro);
     float local_loss = 0;
     bool first_ready = true;
+    f.algorithm().begin_step(next);
     const bool reduce = f.algorithm().reduces_gradients(next);
     auto ready = [&](model::ParamRange r) {
       if (k > 1) {
