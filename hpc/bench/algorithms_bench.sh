@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The bandwidth benchmark of the communication algorithms (docs/algorithms.md): on the shaped test bed
-# (hpc/net/) with 4 hosts, one Fashion-MNIST training per algorithm and PyTorch DDP (gloo) as the peer, at
+# (hpc/net/) with 4 hosts, one Fashion-MNIST training per algorithm and PyTorch DDP (gloo) as the peers,
+# plain and with its PowerSGD communication hook at Sinew's PowerSGD rank and warm-up, at
 # unlimited, 1 Gbit/s and 100 Mbit/s links, all in one run. Per run: epoch time (the training steps'
 # time), bytes each host put on the wire per step (its eth0 counter, every header included), and test
 # accuracy after the same number of epochs. Prints a table, writes hpc/bench/results/algorithms.json and
@@ -8,7 +9,8 @@
 #
 # Usage: algorithms_bench.sh [EPOCHS] [RATES...]     (defaults: 1 epoch; unlimited 1gbit 100mbit)
 # Needs root (network namespaces), the build (mpi_scripts/build.sh) and python3-torch (installed if missing).
-# ALGORITHMS="name ..." restricts the runs (names as in the table; torch-ddp is the peer).
+# ALGORITHMS="name ..." restricts the runs (names as in the table; torch-ddp and torch-ddp-powersgd are the
+# peers). POWERSGD_RANK (default 4) and POWERSGD_WARMUP (default 10 steps) apply to both PowerSGDs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -19,6 +21,8 @@ shift || true
 rates=("$@")
 [ ${#rates[@]} -gt 0 ] || rates=(unlimited 1gbit 100mbit)
 n=4
+psgd_rank=${POWERSGD_RANK:-4}
+psgd_warmup=${POWERSGD_WARMUP:-10}
 train=$SINEW_BUILD_DIR/apps/sinew-train
 [ -x "$train" ] || { echo "error: $train is missing: run mpi_scripts/build.sh" >&2; exit 2; }
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
@@ -30,6 +34,8 @@ configs=(
   "allreduce-mpi|--algorithm gradient_allreduce --allreduce mpi"
   "allreduce-ring|--algorithm gradient_allreduce --allreduce ring"
   "bytegrad|--algorithm bytegrad --error-feedback true"
+  "bytegrad-4bit|--algorithm bytegrad --error-feedback true --bytegrad-bits 4"
+  "powersgd|--algorithm powersgd --powersgd-rank $psgd_rank --powersgd-warmup-steps $psgd_warmup"
   "qadam|--algorithm qadam --optimizer adam --lr 0.001"
   "decentralized|--algorithm decentralized --peer-selection shift_one"
   "low-precision-decentralized|--algorithm low_precision_decentralized"
@@ -76,19 +82,22 @@ if chosen:
 open(results, "a").write(json.dumps(row) + "\n")
 PY
   done
-  if wanted torch-ddp; then
-    echo "== $rate: torch-ddp" >&2
-    "$here/torch_ddp_epoch.sh" $n "$epochs" >"$out/torch.json"
-    /usr/bin/python3 - "$out/torch.json" "$rate" $n "$results" <<'PY'
+  for peer in torch-ddp torch-ddp-powersgd; do
+    wanted $peer || continue
+    echo "== $rate: $peer" >&2
+    popts=()
+    [ $peer = torch-ddp-powersgd ] && popts=(--powersgd-rank "$psgd_rank" --powersgd-warmup-steps "$psgd_warmup")
+    "$here/torch_ddp_epoch.sh" $n "$epochs" "${popts[@]}" >"$out/torch.json"
+    /usr/bin/python3 - "$out/torch.json" "$rate" $n "$results" $peer <<'PY'
 import json, sys
-path, rate, n, results = sys.argv[1:]
+path, rate, n, results, name = sys.argv[1:]
 t = json.loads(open(path).read().strip().splitlines()[-1])
-row = {"impl": "torch", "name": "torch-ddp", "rate": rate, "epochs": t["epochs"], "steps": t["steps"],
+row = {"impl": "torch", "name": name, "rate": rate, "epochs": t["epochs"], "steps": t["steps"],
        "epoch_s": sum(t["epoch_s"]) / len(t["epoch_s"]), "test_accuracy": t["test_accuracy"],
        "wire_bytes_per_step": t["run_tx_bytes"] / int(n) / t["steps"]}
 open(results, "a").write(json.dumps(row) + "\n")
 PY
-  fi
+  done
   "$net/testbed.sh" down >/dev/null
 done
 /usr/bin/python3 "$here/plot_algorithms.py" "$results" "$root/hpc/bench/results/algorithms.json" \

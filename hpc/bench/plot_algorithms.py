@@ -32,18 +32,26 @@ def main():
             label = name + (f" ({r['chosen']})" if "chosen" in r else "")
             print(f"{label:30s} {r['epoch_s']:9.2f} {speed:8.2f}x {r['wire_bytes_per_step'] / 1e6:9.3f} "
                   f"{100 * r['test_accuracy']:8.2f}% {dacc:+7.2f}")
+        psgd = at.get((rate, "torch-ddp-powersgd"))
         if torch and exact:
+            # The goal (docs/algorithms.md): the fastest Sinew algorithm within 1 point of the exact fp32
+            # allreduce's accuracy; at 100 Mbit/s at least 5x plain DDP and faster than DDP + PowerSGD.
             ok = [r for (rt, n), r in at.items()
-                  if rt == rate and r["impl"] == "sinew" and 100 * (exact["test_accuracy"] - r["test_accuracy"]) <= 1.5]
+                  if rt == rate and r["impl"] == "sinew" and 100 * (exact["test_accuracy"] - r["test_accuracy"]) <= 1.0]
             best = min(ok, key=lambda r: r["epoch_s"])
-            summary["goals"][rate] = {"best": best["name"], "speedup_vs_torch": torch["epoch_s"] / best["epoch_s"],
-                                      "accuracy_points_vs_fp32": 100 * (best["test_accuracy"] - exact["test_accuracy"])}
-            print(f"# best Sinew algorithm within 1.5 points of fp32 allreduce: {best['name']}, "
-                  f"{torch['epoch_s'] / best['epoch_s']:.2f}x faster than PyTorch DDP "
-                  f"({'goal >= 3x met' if torch['epoch_s'] / best['epoch_s'] >= 3 else 'goal >= 3x NOT met'} at 100mbit)"
-                  if rate == "100mbit" else
-                  f"# best Sinew algorithm within 1.5 points of fp32 allreduce: {best['name']}, "
-                  f"{torch['epoch_s'] / best['epoch_s']:.2f}x faster than PyTorch DDP")
+            goal = {"best": best["name"], "speedup_vs_torch": torch["epoch_s"] / best["epoch_s"],
+                    "accuracy_points_vs_fp32": 100 * (best["test_accuracy"] - exact["test_accuracy"])}
+            line = (f"# best Sinew algorithm within 1 point of fp32 allreduce: {best['name']}, "
+                    f"{goal['speedup_vs_torch']:.2f}x faster than PyTorch DDP")
+            if psgd:
+                goal["speedup_vs_torch_powersgd"] = psgd["epoch_s"] / best["epoch_s"]
+                line += f", {goal['speedup_vs_torch_powersgd']:.2f}x DDP + PowerSGD"
+            if rate == "100mbit":
+                met = goal["speedup_vs_torch"] >= 5 and goal.get("speedup_vs_torch_powersgd", 0) > 1
+                goal["goal_met"] = met
+                line += f" (goal >= 5x DDP and faster than DDP + PowerSGD: {'met' if met else 'NOT met'})"
+            summary["goals"][rate] = goal
+            print(line)
     json.dump(summary, open(summary_path, "w"), indent=1)
 
     import matplotlib
@@ -75,7 +83,7 @@ def main():
             ax.set_ylim(max(0, min(acc) - 3), min(100, max(acc) + 2))
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(title="link")
-    fig.suptitle("Sinew's communication algorithms vs PyTorch DDP (gloo), 4 hosts, Fashion-MNIST MLP 784-512-512-10")
+    fig.suptitle("Sinew's communication algorithms vs PyTorch DDP (gloo, plain and PowerSGD), 4 hosts, Fashion-MNIST MLP 784-512-512-10")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     print(f"\nwrote {summary_path} and {png}")

@@ -10,6 +10,11 @@ min(50, total/2) steps then cosine decay to 0 (src/sinew/optim/lr_schedule.cpp),
 (drop_last=False): a permutation seeded by seed + epoch, rank r takes every world-th sample from r, so an
 epoch has ceil(n / world / batch) steps, as Sinew's (235 for 4 x 64).
 
+With --powersgd-rank R, DDP's gradients go through PyTorch's PowerSGD communication hook
+(torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: rank-R factors with error feedback and warm
+start, Vogels et al. 2019), exact for the first --powersgd-warmup-steps steps (its start_powerSGD_iter), and
+the JSON line says "impl": "torch-ddp-powersgd".
+
 Rank 0 prints one JSON line: {"impl": "torch-ddp", "epochs", "epoch_s": [...], "test_accuracy", "steps",
 ...}. epoch_s is the slowest rank's time of each epoch (barrier, then steps; evaluation not included).
 tx_bytes_per_step is what each host put on eth0 during the timed epochs, per step (mean over hosts),
@@ -67,6 +72,9 @@ def main():
     p.add_argument("--bucket-mb", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--powersgd-rank", type=int, default=0, help="PowerSGD's rank (0: plain DDP)")
+    p.add_argument("--powersgd-warmup-steps", type=int, default=10,
+                   help="steps with the exact allreduce before PowerSGD compresses (>= 2, PyTorch's rule)")
     p.add_argument("--json", help="also write rank 0's JSON line to this file")
     args = p.parse_args()
 
@@ -80,7 +88,21 @@ def main():
 
     torch.manual_seed(args.seed)
     model = mlp([int(h) for h in args.hidden.split(",")])
+    if args.powersgd_rank > 0:
+        # One bucket, as Sinew's 4 MiB bucket holds this model: with several, the hook's second allreduce
+        # (issued from the first's completion callback) races with the next bucket's first allreduce
+        # (issued by backward), gloo sees them in different orders on different ranks and aborts
+        # ("op.preamble.length <= op.nbytes"). DDP documents this knob for its first bucket.
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 1024 * 1024)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)  # broadcasts rank 0's init
+    impl = "torch-ddp"
+    if args.powersgd_rank > 0:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        # Error feedback and warm start on (PyTorch's defaults), which need start_powerSGD_iter >= 2.
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                       start_powerSGD_iter=max(2, args.powersgd_warmup_steps))
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+        impl = "torch-ddp-powersgd"
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     steps_per_epoch = math.ceil(math.ceil(x.shape[0] / world) / args.batch)
     total = steps_per_epoch * args.epochs
@@ -131,11 +153,14 @@ def main():
     eval_s = time.perf_counter() - t0
 
     if rank == 0:
-        res = {"impl": "torch-ddp", "epochs": args.epochs, "epoch_s": [round(s, 4) for s in epoch_s],
+        res = {"impl": impl, "epochs": args.epochs, "epoch_s": [round(s, 4) for s in epoch_s],
                "test_accuracy": c.item() / xt.shape[0], "steps": step, "world": world, "batch": args.batch,
                "train_loss": loss_sum / max(loss_n, 1), "eval_s": round(eval_s, 4),
                "tx_bytes_per_step": tx.item() / world / max(step, 1),
                "params": sum(q.numel() for q in model.parameters()), "torch": torch.__version__}
+        if args.powersgd_rank > 0:
+            res["powersgd_rank"] = args.powersgd_rank
+            res["powersgd_warmup_steps"] = max(2, args.powersgd_warmup_steps)
         line = json.dumps(res)
         print(line)
         if args.json:
