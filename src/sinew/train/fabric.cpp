@@ -1,6 +1,10 @@
 #include "sinew/train/fabric.hpp"
 
+#include <cstddef>
+#include <memory>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
@@ -29,10 +33,53 @@ struct Fabric::Gpu {
 struct Fabric::Gpu {};
 #endif
 
+namespace {
+
+constexpr int kTagConnect = 105;     // connect_peers' one-byte messages
+constexpr int kConnectAllUpTo = 64;  // views this small connect every pair
+
+/// Exchanges one byte between this process and every peer that ULFM's revoke may have to reach, so that
+/// the MPI library holds an endpoint for each of them while all are alive (collective over the view).
+/// Open MPI 5 creates a peer's endpoint on first use, and that asks the runtime for the peer's address
+/// (PMIx_Get). When the first use is the revoke's reliable broadcast (a binomial graph: ranks r +- 2^k)
+/// and the peer has just died or been cut off, PMIx_Get never returned, holding the library's endpoint
+/// lock: the survivor hung in MPIX_Comm_revoke, and the others in the shrink's agreement with it
+/// (net.partition hung so in 5 of 9 runs; with this exchange it passed 6 of 6). A view of up to 64 processes
+/// connects every pair (the broadcast's fallback to the next live neighbour stays covered); a larger one the
+/// r +- 2^k neighbours: 2 log2(n) messages each.
+void connect_peers(comm::Backend& b, comm::Options op) {
+  const int n = b.size(), r = b.rank();
+  if (n <= 1) return;
+  std::set<int> peers;
+  if (n <= kConnectAllUpTo) {
+    for (int p = 0; p < n; ++p)
+      if (p != r) peers.insert(p);
+  } else {
+    for (int d = 1; d < n; d *= 2) {
+      peers.insert((r + d) % n);
+      peers.insert((r - d % n + n) % n);
+    }
+    peers.erase(r);
+  }
+  op.tag = kTagConnect;
+  std::vector<std::byte> out(peers.size()), in(peers.size());
+  std::vector<std::unique_ptr<comm::Work>> works;
+  std::size_t i = 0;
+  for (const int p : peers) {
+    works.push_back(b.recv(comm::Buffer::of(std::span<std::byte>(&in[i], 1)), p, op));
+    works.push_back(b.send(comm::Buffer::of(std::span<std::byte>(&out[i], 1)), p, op));
+    ++i;
+  }
+  for (auto& w : works) w->wait(op.timeout);
+}
+
+}  // namespace
+
 Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
     : backend_(std::make_unique<comm::mpi::MpiBackend>(group.comm())) {
   rank_ = backend_->rank();
   size_ = backend_->size();
+  connect_peers(*backend_, s.op);
   float* device_grads = nullptr;
   if (s.attach_device) {
 #if SINEW_HAVE_CUDA
