@@ -55,7 +55,7 @@ struct Config {
   // communication
   std::string algorithm = "gradient_allreduce";  ///< docs/algorithms.md (algo::algorithm_names())
   algo::AllreduceImpl allreduce = algo::AllreduceImpl::kMpi;  ///< gradient_allreduce: mpi | ring
-  std::size_t compress_chunk = 2048;                          ///< elements per 8-bit quantisation chunk
+  std::size_t compress_chunk = 2048;                          ///< elements per quantisation chunk (any width)
   bool error_feedback = false;                                ///< bytegrad: carry the quantisation residual
   int bytegrad_bits = 8;                                      ///< bytegrad: bits per element (8, 4, 2)
   int powersgd_rank = 4;                                      ///< powersgd: rank of the approximation
