@@ -5,7 +5,7 @@
 # the tables (hpc/sim/results/tables.md) and plots (docs/img/scale_*.png).
 #
 # usage: hpc/sim/run.sh [--no-calibrate] [--quick]
-#   --no-calibrate  keep hpc/sim/calibration.json as it is (the measurements take ~10 minutes)
+#   --no-calibrate  keep hpc/sim/calibration.json as it is (the measurements take ~2 minutes)
 #   --quick         a smoke run: a quick calibration into a temporary file, ranks up to 256
 # Exit codes: 0 done; 1 the model misses the calibration (sim.py check) or a step failed; 2 usage.
 set -euo pipefail
@@ -38,22 +38,22 @@ export SINEW_SIM_CACHE=${SINEW_SIM_CACHE:-$SINEW_BUILD_DIR/hpc/sim/cache.jsonl}
 
 calibration=$here/calibration.json
 results=$here/results
-ranks=4,16,64,256,1024,4096,16384
+ranks=()  # sim.py's sweep: 4 ... 16 384 ranks (docs/scale.md says which platform goes how far)
 if [ "$quick" = 1 ]; then
   calibration=$(mktemp -d)/calibration.json
   results=$(mktemp -d)
-  ranks=4,16,64,256
+  ranks=(--ranks 4,16,64,256)
   say "quick: calibration into $calibration, results into $results"
   /usr/bin/python3 "$here/calibrate.py" --quick --out "$calibration"
 elif [ "$calibrate" = 1 ]; then
-  say "calibrating on this machine (hpc/sim/calibrate.py, ~10 min)"
+  say "calibrating on this machine (hpc/sim/calibrate.py, ~2 min)"
   /usr/bin/python3 "$here/calibrate.py" --out "$calibration"
 fi
 
 say "the model against the calibration at 4 ranks"
 /usr/bin/python3 "$here/sim.py" check --sim "$sim" --calibration "$calibration"
-say "sweep: ranks $ranks on hdr200, edr100, eth10"
-/usr/bin/python3 "$here/sim.py" sweep --sim "$sim" --calibration "$calibration" --ranks "$ranks" \
+say "sweep: hdr200, edr100, eth10 ${ranks[*]}"
+/usr/bin/python3 "$here/sim.py" sweep --sim "$sim" --calibration "$calibration" "${ranks[@]}" \
   --out "$results/sweep.json"
 say "validation against published figures"
 /usr/bin/python3 "$here/sim.py" validate --sim "$sim" --calibration "$calibration" --out "$results/validation.json"

@@ -5,7 +5,7 @@ turns the results into tables and plots.
 
   sim.py check    --sim BIN [--calibration F]         the model at 4 ranks on the calibration machine
                                                       against what was measured there (fitted at 3);
-                                                      sampled loops against full simulations
+                                                      sampled patterns against full simulations
   sim.py sweep    --sim BIN [--out F] [--ranks LIST]  step times and recoveries at 4 ... 16 384 ranks
   sim.py validate --sim BIN [--out F]                 the model next to published figures
   sim.py report   [--results F] [--validation F] [--img DIR] [--tables F]
@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -33,6 +34,14 @@ MODES = ["in-place", "spare", "spawn", "restart"]
 # 100 ms of computation per step and rank (a GPU's step at a per-GPU batch of a few dozen images), in
 # PyTorch DDP's 25 MB buckets.
 LARGE = ["--params", "25.6e6", "--compute-ms", "100", "--bucket-mb", "25"]
+# How far the sweep goes, bounded by what SimGrid's flow-level sharing costs on a 2-core machine: its
+# solver's work grows with the square of the flows that share links, and at 16 384 ranks a tree
+# allreduce or a state broadcast, whose flows all cross the core, takes one to two minutes. HDR goes to
+# 16 384 ranks; EDR and 10 GbE to 4 096, and the large workload's ByteGrad there (all-to-alls of
+# 25 MB buckets, 15 minutes and more at 4 096 ranks) to 1 024. sim.py sweep --ranks takes larger sizes
+# for every platform.
+LARGEST = {"hdr200": 16384, "edr100": 4096, "eth10": 4096}
+LARGEST_BYTEGRAD = {"hdr200": 16384, "edr100": 1024, "eth10": 1024}
 TOLERANCE = 0.25          # the model at 4 ranks against the measurement
 # Disagreements the model does not try to capture, with the reason (docs/scale.md).
 def known(measured):
@@ -44,7 +53,13 @@ def known(measured):
     start = (f"the relaunch of sinew-train grows by {grow:.0f} ms from 3 to 4 processes on this machine, the bare "
              f"MPI program that calibrates a process's start by {bare:.0f} ms", 0.40)
     return {"recovery restart (fit 3): total": start, "recovery restart (fit 3): relaunch": start}
-SAMPLE_TOLERANCE = 0.15   # a sampled loop against the full simulation
+SAMPLE_TOLERANCE = 0.15   # a sampled pattern against the full simulation
+# Where the check compares sampled with full simulations (platform, ranks, algorithm, workload): the
+# ring on a full-bisection and on an oversubscribed fabric, ByteGrad's all-to-alls on all three. Full
+# all-to-alls grow with the square of the ranks in flows, so theirs are smaller.
+SAMPLING = [("hdr200", 256, "ring", "small"), ("eth10", 256, "ring", "large"),
+            ("hdr200", 128, "bytegrad", "small"), ("edr100", 128, "bytegrad", "small"),
+            ("eth10", 64, "bytegrad", "small")]
 
 
 def platform_file(name):
@@ -53,6 +68,7 @@ def platform_file(name):
 
 CACHE = os.environ.get("SINEW_SIM_CACHE")  # a JSON-lines file of finished simulations, to resume a sweep
 _cache_lock = threading.Lock()
+TIMES = []  # (seconds, arguments) of every simulation run by this process
 
 
 def cache_key(binary, calibration, args):
@@ -75,14 +91,30 @@ def sim(binary, calibration, *args):
                 if entry["key"] == key:
                     return entry["result"]
     cmd = [binary, *args, "--calibration", calibration]
+    start = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"sim.py: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
     result = json.loads(r.stdout.strip().splitlines()[-1])
-    if key:
-        with _cache_lock, open(CACHE, "a") as f:
-            f.write(json.dumps({"key": key, "result": result}) + "\n")
+    wall = time.monotonic() - start
+    with _cache_lock:
+        TIMES.append((wall, args))
+        if key:
+            with open(CACHE, "a") as f:
+                f.write(json.dumps({"key": key, "result": result, "wall_s": round(wall, 3)}) + "\n")
     return result
+
+
+def report_times(what):
+    """How long the simulations run here took (those from the cache took none), the slowest named."""
+    if not TIMES:
+        print(f"sim.py {what}: every simulation came from the cache", file=sys.stderr)
+        return
+    total = sum(w for w, _ in TIMES)
+    slow = sorted(TIMES, key=lambda t: -t[0])[:3]
+    print(f"sim.py {what}: {len(TIMES)} simulations ran, {total:.0f} s of CPU in all; the slowest: " +
+          "; ".join(f"{w:.1f} s ({' '.join(os.path.basename(x) for x in a)})" for w, a in slow), file=sys.stderr)
+    TIMES.clear()
 
 
 def run_all(binary, calibration, jobs, runs):
@@ -141,11 +173,11 @@ def check(a):
     for fit in ("3", "4"):
         runs += [["recover", "--platform", "local", "--ranks", "4", "--mode", m, "--fit-ranks", fit, *ring]
                  for m in modes]
-    # Sampling: the ring and ByteGrad at 256 ranks, sampled (the default) and simulated in full.
-    for alg in ["ring", "bytegrad"]:
-        for sample in ["64", "0"]:
-            runs.append(["step", "--platform", platform_file("hdr200"), "--ranks", "256", "--algorithm", alg,
-                         "--sample", sample])
+    # Sampling: sampled (the default) against simulated in full, where a full simulation takes seconds.
+    for plat, n, alg, workload in SAMPLING:
+        for sample in [[], ["--sample", "0"]]:
+            runs.append(["step", "--platform", platform_file(plat), "--ranks", str(n), "--algorithm", alg,
+                         *(LARGE if workload == "large" else []), *sample])
     results = run_all(a.sim, a.calibration, a.jobs, runs)
     for alg, res in zip(MEASURED, results):
         rows.append((f"step {alg}", res["step_ms"], measured["step"][MEASURED[alg]]["4"]["step_ms"], True))
@@ -178,15 +210,18 @@ def check(a):
                 note = "  FAILED"
                 failures.append(name)
         print(f"{name:48} {model:10.2f} {meas:12.2f} {o:+7.1%}{note}")
-    print(f"# sampled loops (--sample 64) vs full simulation, hdr200, 256 ranks; tolerance {SAMPLE_TOLERANCE:.0%}")
-    for i, alg in enumerate(["ring", "bytegrad"]):
+    print(f"# sampled (the sweep's default) vs full simulation: exposed communication; tolerance "
+          f"{SAMPLE_TOLERANCE:.0%}")
+    print(f"{'':48} {'sampled_ms':>10} {'full_ms':>12} {'off':>7}")
+    for i, (plat, n, alg, workload) in enumerate(SAMPLING):
         sampled, full = results[12 + 2 * i], results[13 + 2 * i]
         o = off(sampled["exposed_comm_ms"], full["exposed_comm_ms"])
         bad = abs(o) > SAMPLE_TOLERANCE
-        print(f"{alg + ' exposed comm':48} {sampled['exposed_comm_ms']:10.3f} {full['exposed_comm_ms']:12.3f} "
+        name = f"{alg} {plat} {n} ranks {workload}"
+        print(f"{name:48} {sampled['exposed_comm_ms']:10.3f} {full['exposed_comm_ms']:12.3f} "
               f"{o:+7.1%}{'  FAILED' if bad else ''}")
         if bad:
-            failures.append(f"sampling {alg}")
+            failures.append(f"sampling {name}")
     if failures:
         print(f"sim.py check: FAILED: {', '.join(failures)}")
         return 1
@@ -195,18 +230,17 @@ def check(a):
 
 
 def sweep(a):
-    ranks = [int(r) for r in a.ranks.split(",")]
+    limits = a.ranks is None
+    ranks = RANKS if limits else [int(r) for r in a.ranks.split(",")]
     ovh = overheads(a.sim, a.calibration, a.jobs)
     runs = []
     for p in PLATFORMS:
-        for n in ranks:
+        for n in (n for n in ranks if not limits or n <= LARGEST[p]):
             for alg in ALGORITHMS:
                 step = ["step", "--platform", platform_file(p), "--ranks", str(n), "--algorithm", alg,
                         *overhead_args(ovh, alg)]
                 runs.append(step)
-                # The large workload's ByteGrad at 16 384 ranks runs for more than 15 minutes on the
-                # 4-level EDR tree and on Ethernet (8 all-to-alls of 262 144 flows each): hdr200 only.
-                if alg != "low-precision-decentralized" and (alg != "bytegrad" or n <= 4096 or p == "hdr200"):
+                if alg != "low-precision-decentralized" and (alg != "bytegrad" or not limits or n <= LARGEST_BYTEGRAD[p]):
                     runs.append([*step, *LARGE])
             for m in MODES:
                 recover = ["recover", "--platform", platform_file(p), "--ranks", str(n), "--mode", m,
@@ -218,6 +252,7 @@ def sweep(a):
     runs.sort(key=lambda r: -int(r[r.index("--ranks") + 1]))
     print(f"sim.py sweep: {len(runs)} simulations, {a.jobs} at a time", file=sys.stderr)
     results = run_all(a.sim, a.calibration, a.jobs, runs)
+    report_times("sweep")
     out = {"steps": [r for r in results if "algorithm" in r], "recoveries": [r for r in results if "mode" in r]}
     write_json(a.out, out)
     return 0
@@ -273,7 +308,8 @@ def main():
     ap.add_argument("--sim", default=os.path.join(ROOT, "build/hpc/sim/sinew-sim"))
     ap.add_argument("--calibration", default=CALIBRATION)
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
-    ap.add_argument("--ranks", default=",".join(map(str, RANKS)))
+    ap.add_argument("--ranks", default=None,
+                    help="sweep: these sizes on every platform (default: 4 ... 16 384, bounded by LARGEST)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results", default=os.path.join(HERE, "results", "sweep.json"))
     ap.add_argument("--validation", default=os.path.join(HERE, "results", "validation.json"))

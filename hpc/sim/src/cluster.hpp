@@ -28,16 +28,15 @@ struct Cluster {
   Options options;
   double longest_path_s = 0;  ///< latency of the longest route between two nodes (up to the top and down)
 
-  /// For the extrapolation of a sampled loop: every member of collective `tag` (n of them) reports the
-  /// time per iteration it measured; all wait for each other (no simulated time) and get the mean, so
-  /// that they extrapolate alike (one rank's own figure includes waits for its neighbours, and letting
-  /// each extrapolate its own would compound that skew around a ring).
-  double mean_over_members(const std::string& tag, int n, double mine) const;
+  /// For the extrapolation of a sampled pattern: every member of collective `tag` (n of them) reports the
+  /// time per iteration it measured; all wait for each other (no simulated time) and get the largest,
+  /// so that they extrapolate alike at the pace of the slowest (also a plain barrier: `mine` 0).
+  double max_over_members(const std::string& tag, int n, double mine) const;
 
  private:
   struct Pooled {
     sg4::BarrierPtr barrier;
-    double sum = 0;
+    double max = 0;
   };
   mutable std::map<std::string, Pooled> pooled_;
 };

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -90,7 +91,8 @@ int run(int argc, char** argv) {
       "overhead-ms-per-mparam", po::value(&overhead)->default_value(0),
       "CPU ms per step and million parameters beyond the simulated work (sim.py fits it per algorithm)")(
       "sample", po::value(&o.sample)->default_value(o.sample),
-      "iterations of a uniform loop simulated before extrapolating (0: simulate all)")(
+      "how much of a uniform pattern is simulated: a ring's first max(4, N/2) steps per phase, an "
+      "all-to-all in N messages (0: simulate all)")(
       "tree-segments", po::value(&o.tree_segments)->default_value(o.tree_segments),
       "pipeline segments of the tree algorithms")("help", "this help");
   po::variables_map vm;
@@ -172,6 +174,10 @@ void ensure_stack(char** argv) {
 
 int main(int argc, char** argv) {
   ensure_stack(argv);
+  // Every actor's stack (64 KiB, contexts/stack-size) is calloc'ed by SimGrid: from the heap, calloc
+  // clears all of it, and 16 384 ranks with their helpers touch gigabytes. Mapped afresh, a stack's
+  // pages are zero already and only those an actor uses become memory.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // NOLINT(concurrency-mt-unsafe): no thread runs yet
   try {
     return run(argc, argv);
   } catch (const po::error& e) {

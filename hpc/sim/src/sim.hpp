@@ -132,7 +132,9 @@ struct RecoveryResult {
 };
 
 struct Options {
-  int sample = 64;  ///< iterations of a uniform loop simulated before extrapolating (0: all of them)
+  /// How much of a uniform pattern is simulated (0: all of it): a ring's first max(4, sample/2) steps
+  /// of each phase, extrapolated at their pace; an all-to-all's n-1 shifts in `sample` messages.
+  int sample = 8;
   int tree_segments = 8;
   bool verbose = false;
 };
