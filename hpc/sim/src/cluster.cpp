@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace sinew::sim {
 
@@ -152,6 +153,12 @@ std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, c
   return c;
 }
 
+std::vector<double>& Cluster::send_times(const std::string& tag, int slots) const {
+  auto& v = send_times_[tag];
+  if (v.empty()) v.assign(static_cast<std::size_t>(slots), 0.0);
+  return v;
+}
+
 double Cluster::max_over_members(const std::string& tag, int n, double mine) const {
   Pooled& p = pooled_[tag];
   if (!p.barrier) p.barrier = sg4::Barrier::create(static_cast<unsigned>(n));
@@ -193,24 +200,37 @@ void ring_allreduce(const Cluster& c, Group& g, double bytes) {
   const int steps = n - 1;
   // Sampled: the first k_sim steps of each phase are simulated. Every step moves the same bytes over the
   // same links, and a member cannot run ahead of the one before it, so the ring settles at the pace of
-  // its slowest hop: the slowest member's time per step over the second half of the sample (each
-  // member's own figure includes its waits) is the pace of the steps not simulated. It matches the full
-  // simulation from 4 steps on (sim.py check), where the mean pace from the first step undershot it.
+  // its slowest hop. A hop's time is measured where the block arrives, from the moment both its ends
+  // had begun the step (the send's overhead, the transfer, the receiver's exposed sum), which leaves
+  // out what a member waited for its predecessor: the members enter the ring at different times after a
+  // recovery, and a wait that happens once must not be multiplied by thousands of steps. The pace of the
+  // steps not simulated is the slowest hop's shortest time over the sample after its first step. It
+  // matches the full simulation from 4 steps on (sim.py check); the members' mean pace from the first
+  // step, which the model used before, undershot it.
   const int k_sim = c.options.sample > 0 ? std::min(steps, std::max(4, c.options.sample / 2)) : steps;
-  const int from = k_sim / 2;
   const int next = (g.me + 1) % n;
+  const bool sampled = k_sim < steps;
+  std::vector<double>* started = sampled ? &c.send_times(tag, 2 * n * k_sim) : nullptr;
+  const auto slot = [n, k_sim](int phase, int member, int s) {
+    return (static_cast<std::size_t>(phase) * n + member) * k_sim + s;
+  };
+  const int prev = (g.me - 1 + n) % n;
   for (int phase = 0; phase < 2; ++phase) {  // reduce-scatter, then allgather
-    double t_from = 0;
+    double shortest = std::numeric_limits<double>::infinity();
     for (int s = 0; s < k_sim; ++s) {
-      if (s == from) t_from = sg4::Engine::get_clock();
+      const double begun = sg4::Engine::get_clock();
+      if (sampled) (*started)[slot(phase, g.me, s)] = begun;
       auto out = send_async(c, mailbox(tag, next, phase), block);
       recv(mailbox(tag, g.me, phase));
       if (phase == 0) compute(c, exposed_sum);
+      if (sampled && s > 0) {  // from when both ends of the hop had begun the step
+        const double hop = sg4::Engine::get_clock() - std::max(begun, (*started)[slot(phase, prev, s)]);
+        shortest = std::min(shortest, hop);
+      }
       out->wait();
     }
-    if (k_sim < steps) {
-      const double mine = (sg4::Engine::get_clock() - t_from) / (k_sim - from);
-      const double pace = c.max_over_members(tag + ":" + std::to_string(phase), n, mine);
+    if (sampled) {
+      const double pace = c.max_over_members(tag + ":" + std::to_string(phase), n, shortest);
       sg4::this_actor::sleep_for(pace * (steps - k_sim));
     }
   }

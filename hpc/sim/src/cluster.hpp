@@ -32,6 +32,9 @@ struct Cluster {
   /// time per iteration it measured; all wait for each other (no simulated time) and get the largest,
   /// so that they extrapolate alike at the pace of the slowest (also a plain barrier: `mine` 0).
   double max_over_members(const std::string& tag, int n, double mine) const;
+  /// Per collective `tag`: when each member started each sampled step's send (members write their own
+  /// slots; a receiver reads its sender's).
+  std::vector<double>& send_times(const std::string& tag, int slots) const;
 
  private:
   struct Pooled {
@@ -39,6 +42,7 @@ struct Cluster {
     double max = 0;
   };
   mutable std::map<std::string, Pooled> pooled_;
+  mutable std::map<std::string, std::vector<double>> send_times_;
 };
 
 /// Builds the platform into `engine` for `nodes` rank hosts (fat tree, or the one host of "local").
