@@ -207,7 +207,7 @@ void ring_allreduce(const Cluster& c, Group& g, double bytes) {
   // steps not simulated is the slowest hop's shortest time over the sample after its first step. It
   // matches the full simulation from 4 steps on (sim.py check); the members' mean pace from the first
   // step, which the model used before, undershot it.
-  const int k_sim = c.options.sample > 0 ? std::min(steps, std::max(4, c.options.sample / 2)) : steps;
+  const int k_sim = c.options.sample > 0 ? std::min(steps, ring_sample_steps(c.options.sample)) : steps;
   const int next = (g.me + 1) % n;
   const bool sampled = k_sim < steps;
   std::vector<double>* started = sampled ? &c.send_times(tag, 2 * n * k_sim) : nullptr;

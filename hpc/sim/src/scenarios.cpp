@@ -193,7 +193,7 @@ StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibr
   out.exposed_comm_s = std::accumulate(exposed.begin(), exposed.end(), 0.0) / ranks;
   out.compute_s = out.step_s - out.exposed_comm_s;
   out.bytes_per_rank = bytes_per_rank(w, a, ranks);
-  out.sampled = o.sample > 0 && ranks - 1 > std::min(o.sample, std::max(4, o.sample / 2));
+  out.sampled = o.sample > 0 && ranks - 1 > std::min(o.sample, ring_sample_steps(o.sample));
   return out;
 }
 

@@ -139,6 +139,9 @@ struct Options {
   bool verbose = false;
 };
 
+/// The steps of each phase a sampled ring simulates (Options::sample > 0).
+inline int ring_sample_steps(int sample) { return sample < 8 ? 4 : sample / 2; }
+
 /// Runs one simulation (argc/argv carry SimGrid's own --cfg options).
 StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibration& c, const Workload& w,
                          Algorithm a, int ranks, const Options& o);
