@@ -61,6 +61,14 @@ SAMPLING = [("hdr200", 256, "ring", "small"), ("eth10", 256, "ring", "large"),
             ("hdr200", 128, "bytegrad", "small"), ("edr100", 128, "bytegrad", "small"),
             ("eth10", 64, "bytegrad", "small")]
 
+# Where the check runs the same simulation on SimGrid's FatTreeZone and on sinew-sim's own fat tree
+# (fattree.cpp), whose results must be the same: the full-bisection and the oversubscribed fabric, a
+# tree, a ring, all-to-alls, and a restart (the daemon tree, the filesystem's servers).
+ZONES = [["step", "--platform", "hdr200", "--ranks", "256", "--algorithm", "tree"],
+         ["step", "--platform", "eth10", "--ranks", "256", "--algorithm", "ring", *LARGE],
+         ["step", "--platform", "edr100", "--ranks", "128", "--algorithm", "bytegrad"],
+         ["recover", "--platform", "hdr200", "--ranks", "256", "--mode", "restart", "--failure", "node"]]
+
 
 def platform_file(name):
     return "local" if name == "local" else os.path.join(HERE, "platforms", f"{name}.json")
@@ -182,7 +190,11 @@ def check(a):
     for sample in [[], ["--sample", "0"]]:
         runs.append(["recover", "--platform", platform_file("eth10"), "--ranks", "256", "--mode", "in-place",
                      *ring, *sample])
+    zones = [[x if i == 0 or z[i - 1] != "--platform" else platform_file(x) for i, x in enumerate(z)] for z in ZONES]
+    for z in zones:
+        runs += [z, [*z, "--simgrid-fat-tree"]]
     results = run_all(a.sim, a.calibration, a.jobs, runs)
+    results, zone_results = results[:len(runs) - 2 * len(zones)], results[len(runs) - 2 * len(zones):]
     for alg, res in zip(MEASURED, results):
         rows.append((f"step {alg}", res["step_ms"], measured["step"][MEASURED[alg]]["4"]["step_ms"], True))
     for k, fit in enumerate(("3", "4")):
@@ -233,6 +245,13 @@ def check(a):
           f"{o:+7.1%}{'  FAILED' if bad else ''}")
     if bad:
         failures.append("sampling in-place recovery")
+    print("# sinew-sim's fat tree vs SimGrid's FatTreeZone: the same simulation must give the same result")
+    for i, z in enumerate(ZONES):
+        ours, theirs = zone_results[2 * i], zone_results[2 * i + 1]
+        same = ours == theirs
+        print(f"{' '.join(z[:7]):48} {'same' if same else 'DIFFERENT: ' + json.dumps(ours) + ' vs ' + json.dumps(theirs)}")
+        if not same:
+            failures.append(f"fat tree {' '.join(z[:7])}")
     if failures:
         print(f"sim.py check: FAILED: {', '.join(failures)}")
         return 1

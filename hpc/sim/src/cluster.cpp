@@ -1,7 +1,10 @@
 #include "cluster.hpp"
 
+#include "fattree.hpp"
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace sinew::sim {
@@ -125,18 +128,33 @@ std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, c
   std::vector<sg4::Host*> hosts(static_cast<std::size_t>(leaves), nullptr);
   const sg4::FatTreeParams tree = fat_tree(leaves, p.radix, p.taper);
   c->longest_path_s = 2.0 * static_cast<double>(tree.levels) * p.link_latency_s;  // up to the top, down
-  auto* zone = sg4::create_fatTree_zone(
-      "fabric", root, tree,
-      sg4::ClusterCallbacks([&](sg4::NetZone* z, const std::vector<unsigned long>& /*coord*/,
-                                unsigned long id) {
-        // Leaves past `leaves` (the tree is rounded up to whole switches) stay idle.
-        std::string name = static_cast<int>(id) < leaves ? "h" : "idle";
-        name += std::to_string(id);
-        sg4::Host* h = z->create_host(name, kFlops);
-        if (static_cast<int>(id) < leaves) hosts[id] = h;
-        return std::make_pair(h->get_netpoint(), static_cast<simgrid::kernel::routing::NetPoint*>(nullptr));
-      }),
-      p.link_Bps, p.link_latency_s, sg4::Link::SharingPolicy::SPLITDUPLEX);
+  sg4::NetZone* zone = nullptr;
+  if (o.simgrid_fat_tree) {
+    zone = sg4::create_fatTree_zone(
+        "fabric", root, tree,
+        sg4::ClusterCallbacks([&](sg4::NetZone* z, const std::vector<unsigned long>& /*coord*/,
+                                  unsigned long id) {
+          // Leaves past `leaves` (the tree is rounded up to whole switches) stay idle.
+          std::string name = static_cast<int>(id) < leaves ? "h" : "idle";
+          name += std::to_string(id);
+          sg4::Host* h = z->create_host(name, kFlops);
+          if (static_cast<int>(id) < leaves) hosts[id] = h;
+          return std::make_pair(h->get_netpoint(), static_cast<simgrid::kernel::routing::NetPoint*>(nullptr));
+        }),
+        p.link_Bps, p.link_latency_s, sg4::Link::SharingPolicy::SPLITDUPLEX);
+  } else {
+    // The same tree (fattree.hpp); the leaves past `leaves` have no host.
+    auto* fabric =
+        new FatTreeNetZone("fabric", tree);  // NOLINT(cppcoreguidelines-owning-memory): root owns it
+    fabric->set_parent(root->get_impl());
+    for (int i = 0; i < leaves; ++i) {
+      std::string name = "h";  // (not "h" + to_string: GCC 12 warns on it, bug 105651)
+      name += std::to_string(i);
+      hosts[static_cast<std::size_t>(i)] = fabric->get_iface()->create_host(name, kFlops);
+    }
+    fabric->create_links(p.link_Bps, p.link_latency_s);
+    zone = fabric->get_iface();
+  }
   for (int i = 0; i < nodes; ++i) c->nodes.push_back(hosts[static_cast<std::size_t>(i)]);
   for (int s = 0; s < servers; ++s) {
     sg4::Host* h = hosts[static_cast<std::size_t>(nodes) + static_cast<std::size_t>(s)];
@@ -238,34 +256,69 @@ void ring_allreduce(const Cluster& c, Group& g, double bytes) {
 
 namespace {
 
-// The segmented binary tree of NCCL's and Open MPI's tree algorithms, as a heap over the members
-// relabelled so that `root` is 0. `up`: reduce towards the root; `down`: broadcast from it. Up and down
-// run in two actors per member, so that segment s goes down while s+1 still goes up.
-struct Tree {
-  int n, v, root;
-  [[nodiscard]] int member(int label) const { return (label + root) % n; }
-  [[nodiscard]] std::vector<int> children() const {
-    std::vector<int> out;
-    for (int ch = 2 * v + 1; ch <= 2 * v + 2 && ch < n; ++ch) out.push_back(ch);
-    return out;
+// The segmented binary trees of the tree algorithms. `up`: reduce towards the root; `down`: broadcast
+// from it. Up and down run in two actors per member, so that segment s goes down while s+1 still goes
+// up. Two shapes, both with the group's `root` member at the root:
+// - in order (the tree allreduce, as NCCL builds its trees across nodes): the members of a range hang
+//   under the range's middle one, the halves on either side under it, and so on down. Neighbouring
+//   members are linked at the bottom, where half of the tree's edges are, so most of its messages stay
+//   under one switch.
+// - level by level (the broadcast of MPI_Bcast, as Open MPI numbers its binary trees): member v's
+//   children are 2v+1 and 2v+2 counted from the root, so most messages cross the fabric's core.
+class Tree {
+ public:
+  enum class Shape : std::uint8_t { kInOrder, kLevelOrder };
+  Tree(Shape shape, int n, int me, int root) : n_(n) {
+    if (shape == Shape::kLevelOrder) {
+      shift_ = root;
+      const int v = (me - root + n) % n;
+      for (int ch = 2 * v + 1; ch <= 2 * v + 2 && ch < n; ++ch) children_.push_back(member(ch));
+      if (v != 0) parent_ = member((v - 1) / 2);
+      return;
+    }
+    shift_ = (root - n / 2 + n) % n;
+    const int v = (me - shift_ + n) % n;
+    int lo = 0, hi = n;
+    for (;;) {  // down from the whole range to the one v is the middle of
+      const int mid = lo + (hi - lo) / 2;
+      if (mid == v) {
+        if (lo < mid) children_.push_back(member(lo + (mid - lo) / 2));
+        if (mid + 1 < hi) children_.push_back(member(mid + 1 + (hi - mid - 1) / 2));
+        return;
+      }
+      parent_ = member(mid);
+      if (v < mid) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
   }
+  [[nodiscard]] bool is_root() const { return parent_ < 0; }
+  [[nodiscard]] int parent() const { return parent_; }                          ///< a member; -1 at the root
+  [[nodiscard]] const std::vector<int>& children() const { return children_; }  ///< members
+
+ private:
+  [[nodiscard]] int member(int label) const { return (label + shift_) % n_; }
+  int n_, shift_ = 0, parent_ = -1;
+  std::vector<int> children_;
 };
 
 int segments_for(const Cluster& c, double bytes) {
   return std::max(1, std::min(c.options.tree_segments, static_cast<int>(std::ceil(bytes / (64.0 * 1024)))));
 }
 
-void tree_down(const Cluster& c, const Tree& t, const std::string& tag, double seg, int segs,
+void tree_down(const Cluster& c, const Tree& t, int me, const std::string& tag, double seg, int segs,
                const sg4::SemaphorePtr& ready) {
   std::vector<sg4::CommPtr> out;
   for (int s = 0; s < segs; ++s) {
-    if (t.v == 0) {
+    if (t.is_root()) {
       if (ready) ready->acquire();
     } else {
-      recv(mailbox(tag + "d", t.member(t.v)));
+      recv(mailbox(tag + "d", me));
     }
     wait_all(out);
-    for (int ch : t.children()) out.push_back(send_async(c, mailbox(tag + "d", t.member(ch)), seg));
+    for (int ch : t.children()) out.push_back(send_async(c, mailbox(tag + "d", ch), seg));
   }
   wait_all(out);
 }
@@ -276,23 +329,25 @@ void tree_allreduce(const Cluster& c, Group& g, double bytes) {
   const int n = g.size();
   if (n < 2) return;
   const std::string tag = g.next_tag();
-  const Tree t{n, g.me, 0};
+  const int me = g.me;
+  const Tree t(Tree::Shape::kInOrder, n, me, n / 2);  // the root in the middle: labels are members
   const int segs = segments_for(c, bytes);
   const double seg = bytes / segs;
   auto ready = sg4::Semaphore::create(0);
-  auto down = sg4::Actor::create("down", sg4::this_actor::get_host(),
-                                 [&c, t, tag, seg, segs, ready] { tree_down(c, t, tag, seg, segs, ready); });
+  auto down = sg4::Actor::create("down", sg4::this_actor::get_host(), [&c, t, me, tag, seg, segs, ready] {
+    tree_down(c, t, me, tag, seg, segs, ready);
+  });
   sg4::CommPtr out;
   for (int s = 0; s < segs; ++s) {
     for (int ch : t.children()) {
-      recv(mailbox(tag + "u", t.member(t.v), ch));
+      recv(mailbox(tag + "u", me, ch));
       compute(c, seg / c.calibration->costs.reduce_Bps);
     }
-    if (t.v == 0) {
+    if (t.is_root()) {
       ready->release();
     } else {
       if (out) out->wait();
-      out = send_async(c, mailbox(tag + "u", t.member((t.v - 1) / 2), t.v), seg);
+      out = send_async(c, mailbox(tag + "u", t.parent(), me), seg);
     }
   }
   if (out) out->wait();
@@ -303,9 +358,9 @@ void tree_broadcast(const Cluster& c, Group& g, int root, double bytes) {
   const int n = g.size();
   if (n < 2) return;
   const std::string tag = g.next_tag();
-  const Tree t{n, (g.me - root + n) % n, root};
+  const Tree t(Tree::Shape::kLevelOrder, n, g.me, root);
   const int segs = segments_for(c, bytes);
-  tree_down(c, t, tag, bytes / segs, segs, nullptr);
+  tree_down(c, t, g.me, tag, bytes / segs, segs, nullptr);
 }
 
 void bytegrad_allreduce(const Cluster& c, Group& g, double bytes) {
@@ -322,14 +377,13 @@ void bytegrad_allreduce(const Cluster& c, Group& g, double bytes) {
 }
 
 void agreement(const Cluster& c, Group& g, double hop) {
-  const int n = g.size();
   const std::string tag = g.next_tag();
-  const Tree t{n, g.me, 0};
+  const Tree t(Tree::Shape::kLevelOrder, g.size(), g.me, 0);  // ERA's tree, numbered level by level
   constexpr double kBytes = 64;
   for (int ch : t.children()) recv(mailbox(tag + "u", g.me, ch));
   software(hop);
-  if (t.v != 0) {
-    send_async(c, mailbox(tag + "u", (t.v - 1) / 2, t.v), kBytes)->wait();
+  if (!t.is_root()) {
+    send_async(c, mailbox(tag + "u", t.parent(), g.me), kBytes)->wait();
     recv(mailbox(tag + "d", g.me));
     software(hop);
   }

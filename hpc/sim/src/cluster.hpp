@@ -49,14 +49,21 @@ struct Cluster {
 std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, const Calibration& c,
                                        int nodes, const Options& o);
 
+/// The node index of each member of a group, shared by all its members' views (one copy per rank would
+/// be n^2 integers: a gigabyte at 16 384 ranks).
+using Members = std::shared_ptr<const std::vector<int>>;
+inline Members make_members(std::vector<int> nodes) {
+  return std::make_shared<const std::vector<int>>(std::move(nodes));
+}
+
 /// One rank's view of a group of ranks: its members' nodes and its own index. `seq` numbers the group's
 /// collectives so that every call gets mailboxes of its own (all members call them in the same order).
 struct Group {
   std::string name;
-  std::vector<int> members;  ///< node index of each member
+  Members members;
   int me = 0;
   int seq = 0;
-  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+  [[nodiscard]] int size() const { return static_cast<int>(members->size()); }
   std::string next_tag() { return name + "#" + std::to_string(seq++); }
 };
 

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -94,7 +93,10 @@ int run(int argc, char** argv) {
       "how much of a uniform pattern is simulated: a ring's first max(4, N/2) steps per phase, an "
       "all-to-all in N messages (0: simulate all)")(
       "tree-segments", po::value(&o.tree_segments)->default_value(o.tree_segments),
-      "pipeline segments of the tree algorithms")("help", "this help");
+      "pipeline segments of the tree algorithms")("simgrid-fat-tree", po::bool_switch(&o.simgrid_fat_tree),
+                                                  "build the fabric with SimGrid's FatTreeZone instead of "
+                                                  "sinew-sim's own (same routes; for sim.py check)")(
+      "help", "this help");
   po::variables_map vm;
   po::store(po::command_line_parser(ours).options(d).run(), vm);
   if (vm.count("help") != 0) {
@@ -174,10 +176,6 @@ void ensure_stack(char** argv) {
 
 int main(int argc, char** argv) {
   ensure_stack(argv);
-  // Every actor's stack (64 KiB, contexts/stack-size) is calloc'ed by SimGrid: from the heap, calloc
-  // clears all of it, and 16 384 ranks with their helpers touch gigabytes. Mapped afresh, a stack's
-  // pages are zero already and only those an actor uses become memory.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // NOLINT(concurrency-mt-unsafe): no thread runs yet
   try {
     return run(argc, argv);
   } catch (const po::error& e) {

@@ -21,15 +21,26 @@ std::vector<int> iota(int n, int from = 0) {
   return v;
 }
 
-void configure(sg4::Engine& e, const Platform& p) {
+/// Where `node` is among a group's members, which are in ascending order.
+int index_of(const std::vector<int>& ascending, int node) {
+  const auto it = std::lower_bound(ascending.begin(), ascending.end(), node);
+  if (it == ascending.end() || *it != node)
+    throw std::logic_error("node " + std::to_string(node) + " not in the group");
+  return static_cast<int>(it - ascending.begin());
+}
+
+void configure(sg4::Engine& e, const Platform& p, int ranks) {
   // The flow model without TCP's corrections (LV08's are fitted to wide-area TCP): latency and
   // bandwidth as the platform states them; no reverse traffic for acknowledgements.
   sg4::Engine::set_config("network/model:CM02");
   sg4::Engine::set_config("network/crosstraffic:0");
-  // Small stacks without guard pages: 16 384 ranks and their helper actors would pass Linux's limit
-  // of memory mappings per process with a guard page each.
-  sg4::Engine::set_config("contexts/stack-size:64");
-  sg4::Engine::set_config("contexts/guard-size:0");
+  // Small actor stacks: SimGrid clears every stack it allocates, and there are several actors per rank.
+  // The deepest of them needs between 4 and 6 KiB (every scenario at 64 ranks runs in 6 KiB with guard
+  // pages, and fails in 4), so 16 KiB leaves room. Up to 1 024 ranks a guard page below each stack
+  // turns an overflow into a reported error (the check's simulations are all there); beyond, 16 384
+  // ranks and their helper actors would pass Linux's limit of memory mappings per process.
+  sg4::Engine::set_config("contexts/stack-size:16");
+  sg4::Engine::set_config(ranks <= 1024 ? "contexts/guard-size:4096" : "contexts/guard-size:0");
   if (p.local) {
     sg4::Engine::set_config("network/loopback-lat:" + std::to_string(p.link_latency_s));
     sg4::Engine::set_config("network/loopback-bw:1e15");  // the copy is the sender's CPU time
@@ -176,13 +187,14 @@ Failure failure_from_name(const std::string& name) {
 StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibration& cal, const Workload& w,
                          Algorithm a, int ranks, const Options& o) {
   sg4::Engine e(&argc, argv);
-  configure(e, p);
+  configure(e, p, ranks);
   auto cluster = build_cluster(e, p, cal, ranks, o);
   std::vector<double> end(static_cast<std::size_t>(ranks)), exposed(end.size());
+  const Members world = make_members(iota(ranks));
   for (int r = 0; r < ranks; ++r) {
     sg4::Actor::create("rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
-                       [&c = *cluster, &w, a, r, ranks, &end, &exposed] {
-                         Group g{"world", iota(ranks), r};
+                       [&c = *cluster, &w, a, r, &world, &end, &exposed] {
+                         Group g{"world", world, r};
                          exposed[static_cast<std::size_t>(r)] = train_step(c, g, w, a);
                          end[static_cast<std::size_t>(r)] = sg4::Engine::get_clock();
                        });
@@ -193,7 +205,11 @@ StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibr
   out.exposed_comm_s = std::accumulate(exposed.begin(), exposed.end(), 0.0) / ranks;
   out.compute_s = out.step_s - out.exposed_comm_s;
   out.bytes_per_rank = bytes_per_rank(w, a, ranks);
-  out.sampled = o.sample > 0 && ranks - 1 > std::min(o.sample, ring_sample_steps(o.sample));
+  // Only the ring's steps and the all-to-all's shifts are sampled (the tree, the decentralized
+  // exchanges are simulated whole).
+  const int shifts = ranks - 1;
+  out.sampled = o.sample > 0 && ((a == Algorithm::kRing && shifts > ring_sample_steps(o.sample)) ||
+                                 (a == Algorithm::kByteGrad && shifts > o.sample));
   return out;
 }
 
@@ -262,10 +278,10 @@ std::vector<std::string> phase_names(Mode m) {
 // tells every daemon down its tree, and each daemon its ranks (PRRTE's error propagation). A lost node:
 // its rank's observer in ULFM's heartbeat ring misses the heartbeats for the timeout and broadcasts the
 // failure over the survivors (only that pair's heartbeats are simulated; the others are background).
-void start_detection(RecoveryRun& run, const std::vector<int>& alive) {
+void start_detection(RecoveryRun& run, const Members& alive) {
   const Cluster& c = run.c;
   const Platform& p = *c.platform;
-  const int vertices = static_cast<int>(alive.size()) + 2;  // the launcher, the nodes alive, the victim's
+  const int vertices = static_cast<int>(alive->size()) + 2;  // the launcher, the nodes alive, the victim's
   if (run.failure == Failure::kProcess) {
     for (int v = 0; v < vertices; ++v) {
       sg4::Host* h = v == 0 ? c.launcher : c.nodes[static_cast<std::size_t>(v - 1)];
@@ -302,9 +318,9 @@ void start_detection(RecoveryRun& run, const std::vector<int>& alive) {
       }
     }
     // Propagate over the processes alive, from the observer.
-    const int root = static_cast<int>(std::find(alive.begin(), alive.end(), observer) - alive.begin());
-    for (int i = 0; i < static_cast<int>(alive.size()); ++i) {
-      const int node = alive[static_cast<std::size_t>(i)];
+    const int root = static_cast<int>(std::find(alive->begin(), alive->end(), observer) - alive->begin());
+    for (int i = 0; i < static_cast<int>(alive->size()); ++i) {
+      const int node = (*alive)[static_cast<std::size_t>(i)];
       sg4::Actor::create("propagate", run.c.nodes[static_cast<std::size_t>(node)],
                          [&run, alive, i, root, node] {
                            Group g{"propagate", alive, i};
@@ -328,7 +344,7 @@ void kill_victim(RecoveryRun& run, const sg4::ActorPtr& victim) {
 
 // In place: the survivors (and, for a spare, the pool's idle spare) revoke, shrink, agree, rebuild and
 // take the state of the most advanced survivor; a spawn grows the group back by one new process.
-void in_place(RecoveryRun& run, int node, const std::vector<int>& group_nodes) {
+void in_place(RecoveryRun& run, int node, const Members& group_nodes) {
   const Cluster& c = run.c;
   const InPlaceCosts& k = run.costs();
   const double hop = k.agree_hop_s;
@@ -336,9 +352,7 @@ void in_place(RecoveryRun& run, int node, const std::vector<int>& group_nodes) {
   run.phases.done("detect");
   software(k.revoke_s);
   run.phases.done("revoke");
-  const int me =
-      static_cast<int>(std::find(group_nodes.begin(), group_nodes.end(), node) - group_nodes.begin());
-  Group g{"shrunk", group_nodes, me};
+  Group g{"shrunk", group_nodes, index_of(*group_nodes, node)};
   agreement(c, g, hop);  // which processes failed
   small_allgather(c, g, 4);
   agreement(c, g, hop);  // the new communicator's context id
@@ -367,11 +381,9 @@ void first_step(RecoveryRun& run, Group& g) {
 // Growth by spawn: the survivors' root asks the launcher for one process on a free node (a daemon is
 // started there first unless on the one machine of "local"); the newcomer starts, reads the data set,
 // and joins: intercommunicator merge, rebuild of the grown group, state sync.
-void spawn_survivor(RecoveryRun& run, Group& survivors, int new_node) {
+void spawn_survivor(RecoveryRun& run, Group& survivors, const Members& grown) {
   const Cluster& c = run.c;
   if (survivors.me == 0) send_async(c, "spawn", 256)->wait();
-  std::vector<int> grown = survivors.members;
-  grown.push_back(new_node);
   Group g{"grown", grown, survivors.me};
   agreement(c, g, run.costs().agree_hop_s);  // merge
   small_allgather(c, g, 64);
@@ -384,20 +396,18 @@ void spawn_survivor(RecoveryRun& run, Group& survivors, int new_node) {
   first_step(run, g);
 }
 
-void spawn_launcher(RecoveryRun& run, int new_node, const std::vector<int>& survivors) {
+void spawn_launcher(RecoveryRun& run, int new_node, const Members& grown) {
   const Cluster& c = run.c;
   const Platform& p = *c.platform;
   const Costs& k = c.calibration->costs;
   recv("spawn");
   software(p.runtime.hop_s);
   sg4::Actor::create("newcomer", c.nodes[static_cast<std::size_t>(new_node)],
-                     [&run, new_node, survivors, &p, &k] {
+                     [&run, new_node, grown, &p, &k] {
                        const Cluster& cl = run.c;
                        if (!p.local) software(p.runtime.daemon_start_s);
                        software(k.spawn_s);
-                       std::vector<int> grown = survivors;
-                       grown.push_back(new_node);
-                       Group g{"grown", grown, static_cast<int>(survivors.size())};
+                       Group g{"grown", grown, static_cast<int>(grown->size()) - 1};
                        agreement(cl, g, run.costs().agree_hop_s);  // merge
                        small_allgather(cl, g, 64);
                        software(k.merge_s);
@@ -419,14 +429,14 @@ void spawn_launcher(RecoveryRun& run, int new_node, const std::vector<int>& surv
 // Restart: the runtime tears the job down; the supervisor launches it again over the daemon tree
 // (daemons, processes, the PMIx fence that exchanges every process's endpoints), every rank reads the
 // data set and the latest checkpoint, takes a first step and replays the steps since that checkpoint.
-void restart(RecoveryRun& run, const std::vector<int>& nodes) {
+void restart(RecoveryRun& run, const Members& nodes) {
   const Cluster& c = run.c;
   const Platform& p = *c.platform;
   const Costs& k = c.calibration->costs;
-  const int vertices = static_cast<int>(nodes.size()) + 1;
+  const int vertices = static_cast<int>(nodes->size()) + 1;
   for (int v = 0; v < vertices; ++v) {
     sg4::Host* h =
-        v == 0 ? c.launcher : c.nodes[static_cast<std::size_t>(nodes[static_cast<std::size_t>(v - 1)])];
+        v == 0 ? c.launcher : c.nodes[static_cast<std::size_t>((*nodes)[static_cast<std::size_t>(v - 1)])];
     sg4::Actor::create("launch" + std::to_string(v), h, [&run, v, vertices, nodes, &p, &k] {
       const Cluster& cl = run.c;
       if (v == 0) {  // the supervisor relaunches once mpirun has exited
@@ -439,19 +449,19 @@ void restart(RecoveryRun& run, const std::vector<int>& nodes) {
       daemon_gather(cl, "up", v, vertices, 64);
       daemon_broadcast(cl, "procs", v, vertices, 4096);  // start the ranks
       // A node's daemon starts its ranks one after the other (all of them on the one machine of "local").
-      if (v >= 1) software(k.proc_start_s * (p.local ? static_cast<double>(nodes.size()) : 1.0));
+      if (v >= 1) software(k.proc_start_s * (p.local ? static_cast<double>(nodes->size()) : 1.0));
       daemon_gather(cl, "fence", v, vertices, 256);  // PMIx fence: every rank's endpoints
-      daemon_broadcast(cl, "cards", v, vertices, 256.0 * static_cast<double>(nodes.size()));
+      daemon_broadcast(cl, "cards", v, vertices, 256.0 * static_cast<double>(nodes->size()));
       if (v == 0) return;
       run.phases.done("relaunch");
-      const int rank = v - 1, node = nodes[static_cast<std::size_t>(rank)];
+      const int rank = v - 1, node = (*nodes)[static_cast<std::size_t>(rank)];
       if (p.local) {
         software(k.data_s);
       } else {
-        pfs_read(cl, node, 0, k.dataset_bytes, rank, static_cast<int>(nodes.size()));
+        pfs_read(cl, node, 0, k.dataset_bytes, rank, static_cast<int>(nodes->size()));
       }
       run.phases.done("data load");
-      if (!p.local) pfs_read(cl, node, 1, k.ckpt_bytes, rank, static_cast<int>(nodes.size()));
+      if (!p.local) pfs_read(cl, node, 1, k.ckpt_bytes, rank, static_cast<int>(nodes->size()));
       software(k.ckpt_load_s);
       run.phases.done("checkpoint load");
       Group g{"restarted", nodes, rank};
@@ -476,7 +486,7 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
                                  const Workload& w, Mode m, Failure f, int ranks, const Options& o) {
   if (ranks < 2) throw std::invalid_argument("a recovery needs at least 2 ranks");
   sg4::Engine e(&argc, argv);
-  configure(e, p);
+  configure(e, p, ranks);
   const int extra = 1;  // the spare, the node a replacement is spawned on, or the restart's replacement
   auto cluster = build_cluster(e, p, cal, ranks + extra, o);
   RecoveryRun run{*cluster, w, m, f, ranks, ranks / 2, Phases(phase_names(m)), -1, {}};
@@ -486,57 +496,56 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
   // benchmark's fault point), the others block in it until they learn of the failure. (The steps
   // before it change nothing that is measured from the failure on, and are not simulated.)
   const double t_compute = w.compute_s * (1 - w.optimizer_frac);
-  std::vector<int> survivors;
-  for (int r = 0; r < ranks; ++r) {
-    if (r != run.victim) survivors.push_back(r);
-  }
   const int new_node = ranks;  // the extra node
+  std::vector<int> before;
+  for (int r = 0; r < ranks; ++r) {
+    if (r != run.victim) before.push_back(r);
+  }
+  // The groups after the failure (node indices, ascending): the survivors, with the spare, with the
+  // spawned process.
+  const Members survivors = make_members(before);
+  before.push_back(new_node);
+  const Members with_new = make_members(before);
+  const Members& recovered = m == Mode::kSpare ? with_new : survivors;
   sg4::ActorPtr victim;
   for (int r = 0; r < ranks; ++r) {
-    auto actor = sg4::Actor::create(
-        "rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
-        [&run, r, ranks, t_compute, &survivors, new_node] {
-          const Cluster& c = run.c;
-          compute(c, t_compute);
-          if (r == run.victim) {
-            run.t_fail = sg4::Engine::get_clock();
-            sg4::this_actor::suspend();  // killed from here
-            return;
-          }
-          if (run.mode == Mode::kRestart) {
-            run.told[static_cast<std::size_t>(r)]->acquire();
-            run.down->release();
-            return;  // torn down
-          }
-          std::vector<int> group = survivors;
-          if (run.mode == Mode::kSpare) group.push_back(new_node);
-          in_place(run, r, group);
-          Group g{"recovered", group,
-                  static_cast<int>(std::find(group.begin(), group.end(), r) - group.begin())};
-          if (run.mode == Mode::kSpawn) {
-            spawn_survivor(run, g, new_node);
-          } else {
-            first_step(run, g);
-          }
-        });
+    auto actor = sg4::Actor::create("rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
+                                    [&run, r, t_compute, &recovered, &with_new] {
+                                      const Cluster& c = run.c;
+                                      compute(c, t_compute);
+                                      if (r == run.victim) {
+                                        run.t_fail = sg4::Engine::get_clock();
+                                        sg4::this_actor::suspend();  // killed from here
+                                        return;
+                                      }
+                                      if (run.mode == Mode::kRestart) {
+                                        run.told[static_cast<std::size_t>(r)]->acquire();
+                                        run.down->release();
+                                        return;  // torn down
+                                      }
+                                      in_place(run, r, recovered);
+                                      Group g{"recovered", recovered, index_of(*recovered, r)};
+                                      if (run.mode == Mode::kSpawn) {
+                                        spawn_survivor(run, g, with_new);
+                                      } else {
+                                        first_step(run, g);
+                                      }
+                                    });
     if (r == run.victim) victim = actor;
   }
   if (m == Mode::kSpare) {  // the idle spare of the pool: it learns of the failure like the members
     sg4::Actor::create("spare", cluster->nodes[static_cast<std::size_t>(new_node)],
-                       [&run, &survivors, new_node] {
-                         std::vector<int> group = survivors;
-                         group.push_back(new_node);
-                         in_place(run, new_node, group);
-                         Group g{"recovered", group, static_cast<int>(group.size()) - 1};
+                       [&run, &with_new, new_node] {
+                         in_place(run, new_node, with_new);
+                         Group g{"recovered", with_new, static_cast<int>(with_new->size()) - 1};
                          first_step(run, g);
                        });
   }
   if (m == Mode::kSpawn) {
     sg4::Actor::create("launcher", cluster->launcher,
-                       [&run, new_node, &survivors] { spawn_launcher(run, new_node, survivors); });
+                       [&run, new_node, &with_new] { spawn_launcher(run, new_node, with_new); });
   }
-  std::vector<int> alive = survivors;
-  if (m == Mode::kSpare) alive.push_back(new_node);
+  const Members& alive = recovered;                      // the processes that learn of the failure
   if (f == Failure::kNode) start_detection(run, alive);  // the heartbeats run from the start
   // The failure's time is known once the victim reaches its fault point; detection starts from there.
   sg4::Actor::create("start", cluster->launcher, [&run, victim, ranks, m, &alive, new_node] {
@@ -554,7 +563,7 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
       // The job starts again on the same nodes; a lost node is replaced by the spare node.
       std::vector<int> nodes = iota(ranks);
       if (run.failure == Failure::kNode) nodes[static_cast<std::size_t>(run.victim)] = new_node;
-      restart(run, nodes);
+      restart(run, make_members(std::move(nodes)));
     }
   });
   e.run();

@@ -136,7 +136,7 @@ struct Options {
   /// of each phase, extrapolated at their pace; an all-to-all's n-1 shifts in `sample` messages.
   int sample = 8;
   int tree_segments = 8;
-  bool verbose = false;
+  bool simgrid_fat_tree = false;  ///< SimGrid's FatTreeZone for the fabric (quadratic to build; same routes)
 };
 
 /// The steps of each phase a sampled ring simulates (Options::sample > 0).
