@@ -256,15 +256,16 @@ void ring_allreduce(const Cluster& c, Group& g, double bytes) {
 
 namespace {
 
-// The segmented binary trees of the tree algorithms. `up`: reduce towards the root; `down`: broadcast
-// from it. Up and down run in two actors per member, so that segment s goes down while s+1 still goes
-// up. Two shapes, both with the group's `root` member at the root:
-// - in order (the tree allreduce, as NCCL builds its trees across nodes): the members of a range hang
-//   under the range's middle one, the halves on either side under it, and so on down. Neighbouring
-//   members are linked at the bottom, where half of the tree's edges are, so most of its messages stay
-//   under one switch.
-// - level by level (the broadcast of MPI_Bcast, as Open MPI numbers its binary trees): member v's
-//   children are 2v+1 and 2v+2 counted from the root, so most messages cross the fabric's core.
+// The binary trees of the collectives, with the group's `root` member at the root. `up`: reduce towards
+// the root; `down`: broadcast from it (segmented: up and down run in two actors per member, so that
+// segment s goes down while s+1 still goes up). Two shapes:
+// - in order (the tree allreduce and the state broadcast; NCCL builds its trees across nodes so): the
+//   members of a range hang under the range's middle one, the halves on either side under it, and so
+//   on down. Neighbouring members are linked at the bottom, where half of the tree's edges are, so most
+//   of its messages stay under one switch, as they do in the large-message broadcasts MPI libraries
+//   choose (pipelined chains, scatter + ring allgather).
+// - level by level (ERA's agreement): member v's children are 2v+1 and 2v+2 counted from the root, so
+//   most of its (small) messages cross the fabric's core.
 class Tree {
  public:
   enum class Shape : std::uint8_t { kInOrder, kLevelOrder };
@@ -358,7 +359,7 @@ void tree_broadcast(const Cluster& c, Group& g, int root, double bytes) {
   const int n = g.size();
   if (n < 2) return;
   const std::string tag = g.next_tag();
-  const Tree t(Tree::Shape::kLevelOrder, n, g.me, root);
+  const Tree t(Tree::Shape::kInOrder, n, g.me, root);
   const int segs = segments_for(c, bytes);
   tree_down(c, t, g.me, tag, bytes / segs, segs, nullptr);
 }
