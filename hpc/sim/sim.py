@@ -34,12 +34,12 @@ MODES = ["in-place", "spare", "spawn", "restart"]
 # 100 ms of computation per step and rank (a GPU's step at a per-GPU batch of a few dozen images), in
 # PyTorch DDP's 25 MB buckets.
 LARGE = ["--params", "25.6e6", "--compute-ms", "100", "--bucket-mb", "25"]
-# How far the sweep goes, bounded by what SimGrid's flow-level sharing costs on a 2-core machine: its
-# solver's work grows with the square of the flows that share links, and at 16 384 ranks a tree
-# allreduce or a state broadcast, whose flows all cross the core, takes one to two minutes. HDR goes to
-# 16 384 ranks; EDR and 10 GbE to 4 096, and ByteGrad there to 1 024 (its all-to-alls at 4 096 ranks
-# take 4 minutes on 10 GbE and 12 on EDR's 36-port tree). sim.py sweep --ranks takes the sizes it is
-# given on every platform.
+# How far the sweep goes, bounded by what SimGrid costs on a 2-core machine: 10-30 us per simulated
+# message, sleep or computation once tens of thousands of flows share the fabric's links, so that a
+# simulation at 16 384 ranks takes 20 s to 1.5 minutes (docs/scale.md). HDR goes to 16 384 ranks; EDR
+# and 10 GbE to 4 096, and ByteGrad there to 1 024 (its concurrent all-to-all flows are coupled in
+# SimGrid's sharing solver: at 1 024 ranks on EDR's 36-port tree the large workload takes 1.5 minutes).
+# sim.py sweep --ranks takes the sizes it is given on every platform.
 LARGEST = {"hdr200": 16384, "edr100": 4096, "eth10": 4096}
 LARGEST_BYTEGRAD = {"hdr200": 16384, "edr100": 1024, "eth10": 1024}
 TOLERANCE = 0.25          # the model at 4 ranks against the measurement
