@@ -26,7 +26,6 @@ class FatTreeNetZone final : public simgrid::kernel::routing::NetZoneImpl {
   /// Creates the cables (after set_parent(), which gives the zone its network model), in the order
   /// SimGrid's FatTreeZone creates them.
   void create_links(double bandwidth, double latency);
-  [[nodiscard]] long leaves() const { return count_[0]; }
 
   void get_local_route(const simgrid::kernel::routing::NetPoint* src,
                        const simgrid::kernel::routing::NetPoint* dst, simgrid::kernel::routing::Route* into,
