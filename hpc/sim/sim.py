@@ -64,10 +64,10 @@ SAMPLING = [("hdr200", 256, "ring", "small"), ("eth10", 256, "ring", "large"),
 # Where the check runs the same simulation on SimGrid's FatTreeZone and on sinew-sim's own fat tree
 # (fattree.cpp), whose results must be the same: the full-bisection and the oversubscribed fabric, a
 # tree, a ring, all-to-alls, and a restart (the daemon tree, the filesystem's servers).
-ZONES = [["step", "--platform", "hdr200", "--ranks", "256", "--algorithm", "tree"],
-         ["step", "--platform", "eth10", "--ranks", "256", "--algorithm", "ring", *LARGE],
-         ["step", "--platform", "edr100", "--ranks", "128", "--algorithm", "bytegrad"],
-         ["recover", "--platform", "hdr200", "--ranks", "256", "--mode", "restart", "--failure", "node"]]
+ZONES = [("hdr200", ["step", "--ranks", "256", "--algorithm", "tree"]),
+         ("eth10", ["step", "--ranks", "256", "--algorithm", "ring", *LARGE]),
+         ("edr100", ["step", "--ranks", "128", "--algorithm", "bytegrad"]),
+         ("hdr200", ["recover", "--ranks", "256", "--mode", "restart", "--failure", "node"])]
 
 
 def platform_file(name):
@@ -190,11 +190,10 @@ def check(a):
     for sample in [[], ["--sample", "0"]]:
         runs.append(["recover", "--platform", platform_file("eth10"), "--ranks", "256", "--mode", "in-place",
                      *ring, *sample])
-    zones = [[x if i == 0 or z[i - 1] != "--platform" else platform_file(x) for i, x in enumerate(z)] for z in ZONES]
-    for z in zones:
-        runs += [z, [*z, "--simgrid-fat-tree"]]
+    for plat, args in ZONES:
+        runs += [[*args, "--platform", platform_file(plat), *fabric] for fabric in ([], ["--simgrid-fat-tree"])]
     results = run_all(a.sim, a.calibration, a.jobs, runs)
-    results, zone_results = results[:len(runs) - 2 * len(zones)], results[len(runs) - 2 * len(zones):]
+    results, zone_results = results[:len(runs) - 2 * len(ZONES)], results[len(runs) - 2 * len(ZONES):]
     for alg, res in zip(MEASURED, results):
         rows.append((f"step {alg}", res["step_ms"], measured["step"][MEASURED[alg]]["4"]["step_ms"], True))
     for k, fit in enumerate(("3", "4")):
@@ -246,12 +245,13 @@ def check(a):
     if bad:
         failures.append("sampling in-place recovery")
     print("# sinew-sim's fat tree vs SimGrid's FatTreeZone: the same simulation must give the same result")
-    for i, z in enumerate(ZONES):
+    for i, (plat, args) in enumerate(ZONES):
         ours, theirs = zone_results[2 * i], zone_results[2 * i + 1]
+        name = f"{' '.join(args[:5])} {plat}"
         same = ours == theirs
-        print(f"{' '.join(z[:7]):48} {'same' if same else 'DIFFERENT: ' + json.dumps(ours) + ' vs ' + json.dumps(theirs)}")
+        print(f"{name:48} {'same' if same else 'DIFFERENT: ' + json.dumps(ours) + ' vs ' + json.dumps(theirs)}")
         if not same:
-            failures.append(f"fat tree {' '.join(z[:7])}")
+            failures.append(f"fat tree {name}")
     if failures:
         print(f"sim.py check: FAILED: {', '.join(failures)}")
         return 1
