@@ -73,6 +73,8 @@ void software(double seconds);  ///< a fixed software cost (not CPU-bound in the
 
 // Point to point: the sender pays the platform's per-message overhead, then the transfer.
 sg4::CommPtr send_async(const Cluster& c, const std::string& mailbox, double bytes);
+// The transfer alone (the caller has paid the overhead).
+sg4::CommPtr post_async(const Cluster& c, const std::string& mailbox, double bytes);
 void recv(const std::string& mailbox);
 
 // Collectives (every member calls them; each returns when this member is done).
