@@ -159,7 +159,8 @@ case "$scenario" in
     # A spawn that cannot complete within --spawn-timeout-ms with every member alive (50 ms: starting a
     # process and its MPI_Init alone take 0.1-0.6 s on these machines; 200 ms was once enough, until a
     # faster machine spawned within it) is given up: the group trains on at its size (a grow event with
-    # the error), and the abandoned new process leaves by itself without failing the job (mpirun exit 0).
+    # the error), and the abandoned new process leaves without failing the job (mpirun exit 0): told so by
+    # its parents once their spawn returns, or by itself at its join deadline (5 s).
     run 120 --spawn-timeout-ms 50 --inject-fault 3:backward:30
     rc=$?
     check_exit_after_done 10 || exit 1

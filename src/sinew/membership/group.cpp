@@ -33,6 +33,28 @@ double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
 
 constexpr const char* kJoinDeadlineVar = "SINEW_JOIN_DEADLINE_MS";
 
+/// How long a new process may take to join (JoinDeadline): twice the parents' spawn deadline, which also
+/// covers the merge after the spawn, and at least 5 s. A process that leaves in the middle of MPI_Init
+/// while its parents' (abandoned) spawn still connects to it crashed a parent (SIGSEGV in
+/// ompi_dpm_connect_accept) or stalled the group's next collective: with a 50 ms deadline it left at
+/// 100 ms, before its own start-up could end. Given the time to finish MPI_Init, it finds the link revoked
+/// by the parent's helper once their spawn returns, and leaves cleanly.
+std::chrono::milliseconds join_deadline(std::chrono::milliseconds spawn_deadline) {
+  return std::max(2 * spawn_deadline, std::chrono::milliseconds(5000));
+}
+
+/// The parents' word to the processes they spawned, over the intercommunicator, before any merge: join
+/// (`go`) or leave, the group having given up on the spawn. Sent by the view's rank 0 (the spawn's root),
+/// whichever thread holds the link then. A revoke of the link said "leave" before: the new process's
+/// merge failed as it should, but every parent then crashed in MPI_Finalize (SIGBUS in
+/// ompi_comm_shrink_internal, Open MPI 5.0.7), 3 runs of 3. Returns the MPI error code.
+int tell_new_processes(MPI_Comm inter, bool go) {
+  int rank = -1;
+  MPI_Comm_rank(inter, &rank);
+  int word = go ? 1 : 0;
+  return MPI_Bcast(&word, 1, MPI_INT, rank == 0 ? MPI_ROOT : MPI_PROC_NULL, inter);
+}
+
 /// One MPI_Comm_spawn on a helper thread, shared with it: the caller may stop waiting (abandon it) while
 /// the thread is still blocked in MPI, so neither owns the other.
 struct SpawnCall {
@@ -148,6 +170,15 @@ Group Group::attach(SpawnCommand spawn) {
   }
   // Spawned by grow(): merge with the parents (they come first), then learn the view's epoch.
   MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+  int go = 0;  // tell_new_processes()
+  const int grc = MPI_Bcast(&go, 1, MPI_INT, 0, parent);
+  if (grc != MPI_SUCCESS || go == 0) {
+    MPI_Comm_free(&parent);
+    SINEW_THROW(membership::JoinFailed, "{}",
+                grc != MPI_SUCCESS
+                    ? fmt::format("waiting for the parents' word failed: {}", mpi::error_string(grc))
+                    : std::string("the parents gave up on the spawn"));
+  }
   MPI_Comm merged = MPI_COMM_NULL;
   const int mrc = MPI_Intercomm_merge(parent, /*high=*/1, &merged);
   if (mrc != MPI_SUCCESS) {
@@ -280,10 +311,9 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
   call->errcodes.assign(static_cast<std::size_t>(n), MPI_SUCCESS);
   MPI_Info info = MPI_INFO_NULL;
   if (ft) {
-    // The new processes leave by themselves if they cannot join within twice our deadline (JoinDeadline):
-    // ours bounds the spawn, theirs also covers the merge after it.
+    // The new processes leave by themselves if they cannot join in time (join_deadline(), JoinDeadline).
     MPI_Info_create(&info);
-    const std::string env = fmt::format("{}={}", kJoinDeadlineVar, 2 * deadline.count());
+    const std::string env = fmt::format("{}={}", kJoinDeadlineVar, join_deadline(deadline).count());
     MPI_Info_set(info, "PMIX_ENVAR", env.c_str());
     // MPI-4's key: an MPI_Init that fails in a new process (its spawn abandoned) returns an error there
     // instead of aborting the job; the process then leaves (apps/sinew_train.cpp).
@@ -294,15 +324,27 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
       if (rank_ == 0) spdlog::info("spawning onto {} (hosts the group reaches)", hosts);
     }
   }
+  // The spawn runs on a private dup of the view, freed by the helper once MPI_Comm_spawn returns. A
+  // member that gives up on the spawn goes on with collectives on the view (the agreement below, the
+  // detector's allgather, training) while its helper may still be in the spawn's own collectives;
+  // on the view itself those two streams would be matched against each other (erroneous MPI: in
+  // elastic.spawn-deadline the abandoned spawn then never finished, or a member crashed in
+  // ompi_dpm_connect_accept's fragment callback, about 1 run in 10).
+  MPI_Comm spawn_comm = comm_.get();
+  if (ft) {
+    const int drc = MPI_Comm_dup(comm_.get(), &spawn_comm);
+    if (drc != MPI_SUCCESS) {
+      if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+      SINEW_THROW(CommFailure, "a member failed before the group could grow: {}", mpi::error_string(drc));
+    }
+    MPI_Comm_set_errhandler(spawn_comm, MPI_ERRORS_RETURN);
+  }
+  const bool private_comm = ft;
   auto t = Clock::now();
-  // The spawn runs on the view itself, as it long did. A private dup of it (so that the helper, abandoned
-  // past the deadline, is in no collective on the view while the group goes on) was tried for a session:
-  // mpirun then died of heap corruption or SIGSEGV at the end of elastic.during-spawn in 3 of 14 runs, 1
-  // of them in CI, revoking the dup at the deadline or not; on the view, 1 of 12 runs failed (the job
-  // ended 139 s after done). `spawning` (a test's fault) runs right before the spawn starts.
+  // `spawning` (a test's fault) runs right before the spawn starts.
   if (spawning) spawning();
   // The helper owns copies of everything it uses: it may outlive this call (abandoned, see the header).
-  std::thread([call, cmd = spawn_, n, comm = comm_.get(), info]() mutable {
+  std::thread([call, cmd = spawn_, n, comm = spawn_comm, private_comm, info]() mutable {
     std::vector<char*> argv;
     for (auto& a : cmd.args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -316,11 +358,10 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
     call->done = true;
     if (call->abandoned && inter != MPI_COMM_NULL) {
       // Returned after the group gave up on it: the new processes must not wait for a merge.
-#if SINEW_HAVE_ULFM
-      MPIX_Comm_revoke(inter);
-#endif
+      tell_new_processes(call->inter, false);
       MPI_Comm_free(&call->inter);
     }
+    if (private_comm) MPI_Comm_free(&comm);  // under the lock: the caller may revoke it (below) until done
     call->cv.notify_all();
   }).detach();
   bool timed_out = false;
@@ -354,8 +395,14 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
     int flag = why.empty() ? 1 : 0;
     const int arc = MPIX_Comm_agree(comm_.get(), &flag);
     if (arc != MPI_SUCCESS || flag == 0) {
+      if (arc != MPI_SUCCESS) {
+        // A member died: an abandoned helper still in the spawn's collectives waits for it in vain.
+        // Revoking its communicator ends those waits (the root may stay in PMIx_Connect; see the header).
+        std::lock_guard lock(call->mu);
+        if (!call->done) MPIX_Comm_revoke(spawn_comm);
+      }
       if (inter != MPI_COMM_NULL) {
-        MPIX_Comm_revoke(inter);
+        tell_new_processes(inter, false);
         MPI_Comm_free(&inter);
       }
       if (arc != MPI_SUCCESS) {
@@ -376,6 +423,9 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
   rep.spawn_ms = ms_since(t);
   t = Clock::now();
   MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+  const int grc = tell_new_processes(inter, true);
+  if (grc != MPI_SUCCESS) MPI_Comm_free(&inter);
+  mpi::check(grc, "telling the new processes to join");
   MPI_Comm merged = MPI_COMM_NULL;
   const int mrc = MPI_Intercomm_merge(inter, /*high=*/0, &merged);
   MPI_Comm_free(&inter);

@@ -101,9 +101,9 @@ struct SpawnCommand {
 };
 
 /// For a process spawned by Group::grow(): if it has not joined its parents (MPI_Init, merge) within the
-/// deadline they set (twice their spawn deadline, in SINEW_JOIN_DEADLINE_MS), it finalizes PMIx and
-/// exits with code 0 (group.cpp says why both). A spawn that the parents abandoned would otherwise leave it
-/// blocked in MPI_Init for ever, and mpirun waits for every process it started. The process never was a
+/// deadline they set (twice their spawn deadline, at least 5 s, in SINEW_JOIN_DEADLINE_MS), it finalizes PMIx
+/// and exits with code 0 (group.cpp says why both). A spawn that the parents abandoned would otherwise leave
+/// it blocked in MPI_Init for ever, and mpirun waits for every process it started. The process never was a
 /// member: its end is not a failure of the job, and mpirun still returns 0. Start it in main() before
 /// MPI_Init; does nothing in a process not spawned by grow(). Cancelled by joined() or destruction.
 class JoinDeadline {
@@ -187,9 +187,10 @@ class Group {
   ///
   /// The deadline needs ULFM (the members agree on the outcome). Open MPI 5.0.7 cannot interrupt
   /// MPI_Comm_spawn: when a member of the view dies during it, the root stays blocked in PMIx_Connect
-  /// (inside ompi_dpm_connect_accept) for ever, revoke or not. So the spawn runs on a helper thread, and
-  /// a member whose spawn is past the deadline abandons that thread (left blocked in MPI; the process's
-  /// bounded finalize ends it, mpi::Environment::finalize) and joins the agreement. The new processes
+  /// (inside ompi_dpm_connect_accept) for ever, revoke or not. So the spawn runs on a helper thread, over
+  /// a private dup of the view, and a member whose spawn is past the deadline abandons that thread (left
+  /// in MPI until the spawn returns, or until the process's bounded finalize ends it,
+  /// mpi::Environment::finalize) and joins the agreement over the view. The new processes
   /// are told the deadline (environment SINEW_JOIN_DEADLINE_MS, see JoinDeadline) and leave on their own
   /// if they cannot join. `spawning` runs right before the spawn starts (tests: a fault injected there).
   GrowReport grow(int n, std::chrono::milliseconds deadline = std::chrono::milliseconds(30000),
