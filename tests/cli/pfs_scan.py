@@ -56,6 +56,7 @@ class Scanner:
         self.list_errors = 0
         self.waiting_for = args.every
         self.stop = threading.Event()
+        self.t0 = time.monotonic()
 
     # --- what the scanner saw ---------------------------------------------------------------------------
     def saw(self, name, step, by):
@@ -181,7 +182,7 @@ class Scanner:
             time.sleep(0.2)
 
     def verify_new(self):
-        while True:
+        while time.monotonic() - self.t0 <= self.a.deadline:  # the main loop reports the deadline
             with self.lock:
                 if not self.new:
                     return
@@ -199,7 +200,7 @@ class Scanner:
 
     # --- main loop -----------------------------------------------------------------------------------------
     def run(self):
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         th = threading.Thread(target=self.lookup_loop, daemon=True)
         th.start()
         timed_out = False
