@@ -37,8 +37,8 @@ constexpr const char* kJoinDeadlineVar = "SINEW_JOIN_DEADLINE_MS";
 /// covers the merge after the spawn, and at least 5 s. A process that leaves in the middle of MPI_Init
 /// while its parents' (abandoned) spawn still connects to it crashed a parent (SIGSEGV in
 /// ompi_dpm_connect_accept) or stalled the group's next collective: with a 50 ms deadline it left at
-/// 100 ms, before its own start-up could end. Given the time to finish MPI_Init, it finds the link revoked
-/// by the parent's helper once their spawn returns, and leaves cleanly.
+/// 100 ms, before its own start-up could end. Given the time to finish MPI_Init, it gets the parents' word
+/// to leave (tell_new_processes) once their spawn returns, and leaves cleanly.
 std::chrono::milliseconds join_deadline(std::chrono::milliseconds spawn_deadline) {
   return std::max(2 * spawn_deadline, std::chrono::milliseconds(5000));
 }
