@@ -339,12 +339,11 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
     }
     MPI_Comm_set_errhandler(spawn_comm, MPI_ERRORS_RETURN);
   }
-  const bool private_comm = ft;
   auto t = Clock::now();
   // `spawning` (a test's fault) runs right before the spawn starts.
   if (spawning) spawning();
   // The helper owns copies of everything it uses: it may outlive this call (abandoned, see the header).
-  std::thread([call, cmd = spawn_, n, comm = spawn_comm, private_comm, info]() mutable {
+  std::thread([call, cmd = spawn_, n, comm = spawn_comm, ft, info]() mutable {
     std::vector<char*> argv;
     for (auto& a : cmd.args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -361,7 +360,8 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
       tell_new_processes(call->inter, false);
       MPI_Comm_free(&call->inter);
     }
-    if (private_comm) MPI_Comm_free(&comm);  // under the lock: the caller may revoke it (below) until done
+    if (ft)
+      MPI_Comm_free(&comm);  // the private dup, under the lock: the caller may revoke it (below) until done
     call->cv.notify_all();
   }).detach();
   bool timed_out = false;
