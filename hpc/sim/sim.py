@@ -38,7 +38,7 @@ LARGE = ["--params", "25.6e6", "--compute-ms", "100", "--bucket-mb", "25"]
 # message, sleep or computation once tens of thousands of flows share the fabric's links, so that a
 # simulation at 16 384 ranks takes 10 to 50 s (docs/scale.md). HDR goes to 16 384 ranks; EDR
 # and 10 GbE to 4 096, and ByteGrad there to 1 024 (its concurrent all-to-all flows are coupled in
-# SimGrid's sharing solver: at 1 024 ranks on EDR's 36-port tree the large workload takes 50 s).
+# SimGrid's sharing solver: at 1 024 ranks on EDR's 36-port tree the large workload takes 50-63 s).
 # sim.py sweep --ranks takes the sizes it is given on every platform.
 LARGEST = {"hdr200": 16384, "edr100": 4096, "eth10": 4096}
 LARGEST_BYTEGRAD = {"hdr200": 16384, "edr100": 1024, "eth10": 1024}

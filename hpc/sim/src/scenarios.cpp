@@ -48,6 +48,12 @@ void configure(sg4::Engine& e, const Platform& p, int ranks) {
   (void)e;
 }
 
+void allreduce(const Cluster& c, Group& g, double bytes, Algorithm a) {
+  if (a == Algorithm::kRing) ring_allreduce(c, g, bytes);
+  if (a == Algorithm::kTree) tree_allreduce(c, g, bytes);
+  if (a == Algorithm::kByteGrad) bytegrad_allreduce(c, g, bytes);
+}
+
 /// One rank's step: forward, backward with its buckets handed to a communication actor as they become
 /// final (the exact and ByteGrad allreduces overlap backward), the exchange of the model for the
 /// decentralized ones, and the optimiser. Returns the communication not hidden behind computation.
@@ -61,13 +67,19 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a) {
   if (a == Algorithm::kRing || a == Algorithm::kTree || a == Algorithm::kByteGrad) {
     const int buckets = std::max(1, static_cast<int>(std::ceil(grad_bytes / w.bucket_bytes)));
     const double bucket = grad_bytes / buckets;
+    if (buckets == 1) {  // nothing to overlap: the exchange follows backward (one actor less per rank)
+      compute(c, bwd);
+      const double t = sg4::Engine::get_clock();
+      allreduce(c, g, bucket, a);
+      const double exposed = sg4::Engine::get_clock() - t;
+      compute(c, opt + w.overhead_s_per_param * w.params);
+      return exposed;
+    }
     auto ready = sg4::Semaphore::create(0);
     auto comm = sg4::Actor::create("comm", sg4::this_actor::get_host(), [&c, &g, ready, buckets, bucket, a] {
       for (int b = 0; b < buckets; ++b) {
         ready->acquire();
-        if (a == Algorithm::kRing) ring_allreduce(c, g, bucket);
-        if (a == Algorithm::kTree) tree_allreduce(c, g, bucket);
-        if (a == Algorithm::kByteGrad) bytegrad_allreduce(c, g, bucket);
+        allreduce(c, g, bucket, a);
       }
     });
     for (int b = 0; b < buckets; ++b) {
