@@ -67,27 +67,27 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a) {
   if (a == Algorithm::kRing || a == Algorithm::kTree || a == Algorithm::kByteGrad) {
     const int buckets = std::max(1, static_cast<int>(std::ceil(grad_bytes / w.bucket_bytes)));
     const double bucket = grad_bytes / buckets;
+    double t = 0;
     if (buckets == 1) {  // nothing to overlap: the exchange follows backward (one actor less per rank)
       compute(c, bwd);
-      const double t = sg4::Engine::get_clock();
+      t = sg4::Engine::get_clock();
       allreduce(c, g, bucket, a);
-      const double exposed = sg4::Engine::get_clock() - t;
-      compute(c, opt + w.overhead_s_per_param * w.params);
-      return exposed;
-    }
-    auto ready = sg4::Semaphore::create(0);
-    auto comm = sg4::Actor::create("comm", sg4::this_actor::get_host(), [&c, &g, ready, buckets, bucket, a] {
+    } else {
+      auto ready = sg4::Semaphore::create(0);
+      auto comm =
+          sg4::Actor::create("comm", sg4::this_actor::get_host(), [&c, &g, ready, buckets, bucket, a] {
+            for (int b = 0; b < buckets; ++b) {
+              ready->acquire();
+              allreduce(c, g, bucket, a);
+            }
+          });
       for (int b = 0; b < buckets; ++b) {
-        ready->acquire();
-        allreduce(c, g, bucket, a);
+        compute(c, bwd / buckets);
+        ready->release();
       }
-    });
-    for (int b = 0; b < buckets; ++b) {
-      compute(c, bwd / buckets);
-      ready->release();
+      t = sg4::Engine::get_clock();
+      comm->join();
     }
-    const double t = sg4::Engine::get_clock();
-    comm->join();
     const double exposed = sg4::Engine::get_clock() - t;
     compute(c, opt + w.overhead_s_per_param * w.params);
     return exposed;
