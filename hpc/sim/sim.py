@@ -61,6 +61,14 @@ SAMPLING = [("hdr200", 256, "ring", "small"), ("eth10", 256, "ring", "large"),
             ("hdr200", 128, "bytegrad", "small"), ("edr100", 128, "bytegrad", "small"),
             ("eth10", 64, "bytegrad", "small")]
 
+# Where the check compares recoveries with ULFM's agreements and the shrink's allgather computed from
+# their routes (the sweep's default when sampling) against the same recoveries with them simulated as
+# flows (--simulate-control): in place, spare and spawn, a killed process and a lost node, on a
+# full-bisection and on an oversubscribed fabric. They must agree within CONTROL_TOLERANCE, part by part.
+CONTROL = [("hdr200", 1024, "in-place", "process"), ("hdr200", 256, "spawn", "node"),
+           ("edr100", 256, "spare", "process"), ("eth10", 1024, "in-place", "node")]
+CONTROL_TOLERANCE = 0.02
+
 # Where the check runs the same simulation on SimGrid's FatTreeZone and on sinew-sim's own fat tree
 # (fattree.cpp), whose results must be the same: the full-bisection and the oversubscribed fabric, a
 # tree, a ring, all-to-alls, and a restart (the daemon tree, the filesystem's servers).
@@ -192,8 +200,13 @@ def check(a):
                      *ring, *sample])
     for plat, args in ZONES:
         runs += [[*args, "--platform", platform_file(plat), *fabric] for fabric in ([], ["--simgrid-fat-tree"])]
+    for plat, n, mode, failure in CONTROL:
+        runs += [["recover", "--platform", platform_file(plat), "--ranks", str(n), "--mode", mode, "--failure",
+                  failure, *ring, *control] for control in ([], ["--simulate-control"])]
     results = run_all(a.sim, a.calibration, a.jobs, runs)
-    results, zone_results = results[:len(runs) - 2 * len(ZONES)], results[len(runs) - 2 * len(ZONES):]
+    control_results = results[len(results) - 2 * len(CONTROL):]
+    results = results[:len(results) - 2 * len(CONTROL)]
+    results, zone_results = results[:len(results) - 2 * len(ZONES)], results[len(results) - 2 * len(ZONES):]
     for alg, res in zip(MEASURED, results):
         rows.append((f"step {alg}", res["step_ms"], measured["step"][MEASURED[alg]]["4"]["step_ms"], True))
     for k, fit in enumerate(("3", "4")):
@@ -252,6 +265,21 @@ def check(a):
         print(f"{name:48} {'same' if same else 'DIFFERENT: ' + json.dumps(ours) + ' vs ' + json.dumps(theirs)}")
         if not same:
             failures.append(f"fat tree {name}")
+    print(f"# agreements and the shrink's allgather computed from their routes vs simulated as flows; "
+          f"tolerance {CONTROL_TOLERANCE:.0%} on the total and on every part")
+    print(f"{'':48} {'computed_ms':>10} {'simulated_ms':>12} {'off':>7}")
+    for i, (plat, n, mode, failure) in enumerate(CONTROL):
+        computed, simulated = control_results[2 * i], control_results[2 * i + 1]
+        pairs = [("total", computed["total_ms"], simulated["total_ms"])]
+        pairs += [(part, computed["parts_ms"].get(part, 0.0), v) for part, v in simulated["parts_ms"].items()]
+        worst = max(pairs, key=lambda t: abs(off(t[1], t[2])) if t[2] > 0 else 0.0)
+        bad = [part for part, c, v in pairs if v > 0 and abs(off(c, v)) > CONTROL_TOLERANCE]
+        name = f"{mode} {failure} {plat} {n} ranks: total"
+        print(f"{name:48} {pairs[0][1]:10.3f} {pairs[0][2]:12.3f} {off(pairs[0][1], pairs[0][2]):+7.1%}  "
+              f"(most off: {worst[0]} {off(worst[1], worst[2]) if worst[2] > 0 else 0.0:+.2%})"
+              f"{'  FAILED: ' + ', '.join(bad) if bad else ''}")
+        if bad:
+            failures.append(f"computed control {name}")
     if failures:
         print(f"sim.py check: FAILED: {', '.join(failures)}")
         return 1

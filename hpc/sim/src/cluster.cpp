@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
+
+#include <xbt/config.hpp>
 
 namespace sinew::sim {
 
@@ -190,6 +193,41 @@ double Cluster::max_over_members(const std::string& tag, int n, double mine) con
   const sg4::BarrierPtr barrier = p.barrier;
   barrier->wait();
   return pooled_[tag].max;
+}
+
+double Cluster::message_s(int from, int to, double bytes) const {
+  std::vector<sg4::Link*> links;
+  double latency = 0;
+  nodes[static_cast<std::size_t>(from)]->route_to(nodes[static_cast<std::size_t>(to)], links, &latency);
+  double rate = std::numeric_limits<double>::infinity();
+  for (const sg4::Link* l : links) rate = std::min(rate, l->get_bandwidth());
+  // CM02 bounds a flow's rate by TCP's window over the round trip as well.
+  static const double gamma = simgrid::config::get_value<double>("network/TCP-gamma");
+  if (gamma > 0 && latency > 0) rate = std::min(rate, gamma / (2 * latency));
+  return latency + bytes / rate;
+}
+
+void Cluster::computed_collective(
+    const std::string& tag, int n, int me,
+    const std::function<std::vector<double>(const std::vector<double>&)>& schedule) const {
+  Computed& s = computed_[tag];  // std::map: the reference stays valid while others are added
+  if (!s.barrier) {
+    s.barrier = sg4::Barrier::create(static_cast<unsigned>(n));
+    s.entered.assign(static_cast<std::size_t>(n), 0.0);
+  }
+  s.entered[static_cast<std::size_t>(me)] = sg4::Engine::get_clock();
+  const sg4::BarrierPtr barrier = s.barrier;
+  barrier->wait();
+  if (s.leave.empty()) s.leave = schedule(s.entered);
+  const double leave = s.leave[static_cast<std::size_t>(me)];
+  if (++s.left == n) computed_.erase(tag);
+  if (leave < sg4::Engine::get_clock() - 1e-9)
+    throw std::logic_error("computed collective " + tag + ": a member would leave before the last entered");
+  sg4::this_actor::sleep_until(leave);
+}
+
+bool computed_control(const Cluster& c) {
+  return c.options.sample > 0 && !c.options.simulate_control && !c.platform->local;
 }
 
 void compute(const Cluster& /*c*/, double seconds) {
@@ -387,25 +425,110 @@ void bytegrad_allreduce(const Cluster& c, Group& g, double bytes) {
   compute(c, bytes / k.decode_Bps);
 }
 
+namespace {
+
+constexpr double kAgreeBytes = 64;
+
+// ERA's tree numbered level by level from the root, member 0: member v's children are 2v+1 and 2v+2.
+// Computed, message by message, as agreement() below runs it in the simulation: a transfer starts when
+// both its send and its receive are posted (SimGrid's rendezvous) and takes message_s(); the sender
+// pays the platform's overhead before each send, a member its hop cost after its children's messages
+// and after its parent's.
+std::vector<double> agreement_schedule(const Cluster& c, const Members& m, const std::vector<double>& entered,
+                                       double hop) {
+  const int n = static_cast<int>(entered.size());
+  const double o = std::max(0.0, c.platform->overhead_s);
+  hop = std::max(0.0, hop);
+  auto x = [&](int a, int b) {
+    return c.message_s((*m)[static_cast<std::size_t>(a)], (*m)[static_cast<std::size_t>(b)], kAgreeBytes);
+  };
+  auto sz = [](int v) { return static_cast<std::size_t>(v); };
+  // Up: children before parents (their numbers are larger).
+  std::vector<double> posted_up(sz(n)), up_done(sz(n)), after_up(sz(n));
+  for (int v = n - 1; v >= 0; --v) {
+    double t = entered[sz(v)];
+    for (int ch = 2 * v + 1; ch <= 2 * v + 2 && ch < n; ++ch) {  // received one after the other
+      t = std::max(t, posted_up[sz(ch)]) + x(ch, v);
+      up_done[sz(ch)] = t;  // the child's send completes with the receive
+    }
+    after_up[sz(v)] = t + hop;
+    posted_up[sz(v)] = after_up[sz(v)] + o;
+  }
+  // Down: parents before children. A member posts its receive from the parent once its own send up is
+  // done; it sends to its children one overhead after the other and leaves when all have arrived.
+  std::vector<double> posted_down(sz(n)), leave(sz(n));
+  for (int v = 0; v < n; ++v) {
+    double t = after_up[sz(v)];
+    if (v != 0) t = std::max(up_done[sz(v)], posted_down[sz(v)]) + x((v - 1) / 2, v) + hop;
+    double end = t, post = t;
+    for (int ch = 2 * v + 1; ch <= 2 * v + 2 && ch < n; ++ch) {
+      post += o;
+      posted_down[sz(ch)] = post;
+      end = std::max(end, std::max(post, up_done[sz(ch)]) + x(v, ch));
+    }
+    leave[sz(v)] = end;
+  }
+  return leave;
+}
+
+// small_allgather()'s rounds, computed: in round r each member posts its send to me - d and its
+// receive from me + d one overhead after it began the round, and begins the next when both are done.
+std::vector<double> allgather_schedule(const Cluster& c, const Members& m, const std::vector<double>& entered,
+                                       double item) {
+  const int n = static_cast<int>(entered.size());
+  const double o = std::max(0.0, c.platform->overhead_s);
+  std::vector<double> t = entered, posted(entered.size()), arrived(entered.size());
+  for (int d = 1; d < n; d *= 2) {
+    const double bytes = item * std::min(d, n - d);
+    for (std::size_t v = 0; v < t.size(); ++v) posted[v] = t[v] + o;
+    for (int v = 0; v < n; ++v) {
+      const int from = (v + d) % n;
+      arrived[static_cast<std::size_t>(v)] =
+          std::max(posted[static_cast<std::size_t>(from)], posted[static_cast<std::size_t>(v)]) +
+          c.message_s((*m)[static_cast<std::size_t>(from)], (*m)[static_cast<std::size_t>(v)], bytes);
+    }
+    for (int v = 0; v < n; ++v) {  // done when its own receive and its send (the receive of v - d) are
+      t[static_cast<std::size_t>(v)] =
+          std::max(arrived[static_cast<std::size_t>(v)], arrived[static_cast<std::size_t>((v - d + n) % n)]);
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
 void agreement(const Cluster& c, Group& g, double hop) {
   const std::string tag = g.next_tag();
+  if (computed_control(c)) {
+    const Members m = g.members;
+    c.computed_collective(tag, g.size(), g.me, [&c, m, hop](const std::vector<double>& entered) {
+      return agreement_schedule(c, m, entered, hop);
+    });
+    return;
+  }
   const Tree t(Tree::Shape::kLevelOrder, g.size(), g.me, 0);  // ERA's tree, numbered level by level
-  constexpr double kBytes = 64;
   for (int ch : t.children()) recv(mailbox(tag + "u", g.me, ch));
   software(hop);
   if (!t.is_root()) {
-    send_async(c, mailbox(tag + "u", t.parent(), g.me), kBytes)->wait();
+    send_async(c, mailbox(tag + "u", t.parent(), g.me), kAgreeBytes)->wait();
     recv(mailbox(tag + "d", g.me));
     software(hop);
   }
   std::vector<sg4::CommPtr> out;
-  for (int ch : t.children()) out.push_back(send_async(c, mailbox(tag + "d", ch), kBytes));
+  for (int ch : t.children()) out.push_back(send_async(c, mailbox(tag + "d", ch), kAgreeBytes));
   wait_all(out);
 }
 
 void small_allgather(const Cluster& c, Group& g, double item) {
   const int n = g.size();
   const std::string tag = g.next_tag();
+  if (computed_control(c)) {
+    const Members m = g.members;
+    c.computed_collective(tag, n, g.me, [&c, m, item](const std::vector<double>& entered) {
+      return allgather_schedule(c, m, entered, item);
+    });
+    return;
+  }
   for (int d = 1, r = 0; d < n; d *= 2, ++r) {
     auto out = send_async(c, mailbox(tag, (g.me - d + n) % n, r), item * std::min(d, n - d));
     recv(mailbox(tag, g.me, r));

@@ -2,6 +2,7 @@
 // runs inside SimGrid actors: a call takes simulated time (transfers, computation, software costs).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,14 +37,42 @@ struct Cluster {
   /// slots; a receiver reads its sender's).
   std::vector<double>& send_times(const std::string& tag, int slots) const;
 
+  /// The time a message of `bytes` takes from node `from` to node `to` on an otherwise idle fabric: its
+  /// route's latency plus the bytes at the route's narrowest rate, as SimGrid's flow model (CM02, no
+  /// cross traffic) times a flow that shares no link.
+  [[nodiscard]] double message_s(int from, int to, double bytes) const;
+  /// A collective of small messages computed instead of simulated (see computed_control()): every
+  /// member of `tag` (n of them) reports the time it entered; once all have, `schedule` turns the
+  /// entry times (by member) into the times each member leaves, and the calling member sleeps until its
+  /// own. A member cannot leave before the last one entered (each one's result depends on all), so the
+  /// wait for the others costs no simulated time of its own.
+  void computed_collective(
+      const std::string& tag, int n, int me,
+      const std::function<std::vector<double>(const std::vector<double>&)>& schedule) const;
+
  private:
   struct Pooled {
     sg4::BarrierPtr barrier;
     double max = 0;
   };
+  struct Computed {
+    sg4::BarrierPtr barrier;
+    std::vector<double> entered, leave;
+    int left = 0;
+  };
   mutable std::map<std::string, Pooled> pooled_;
   mutable std::map<std::string, std::vector<double>> send_times_;
+  mutable std::map<std::string, Computed> computed_;
 };
+
+/// Whether the small messages of ULFM's agreements and of the shrink's allgather are computed from the
+/// routes (Cluster::computed_collective) rather than simulated as flows: on a fabric when sampling
+/// (Options::sample > 0) unless Options::simulate_control. Their 64 bytes to a few KiB share links with other
+/// flows for nanoseconds, but each costs SimGrid an activity, a few actor switches and an update of its
+/// sharing solver: at 16 384 ranks most of a recovery's simulation. On "local" they are simulated: there a
+/// message's copy is CPU time that competes with the ranks' computation. The check (sim.py) compares both on
+/// recoveries.
+bool computed_control(const Cluster& c);
 
 /// Builds the platform into `engine` for `nodes` rank hosts (fat tree, or the one host of "local").
 std::unique_ptr<Cluster> build_cluster(sg4::Engine& engine, const Platform& p, const Calibration& c,

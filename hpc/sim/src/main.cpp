@@ -91,12 +91,15 @@ int run(int argc, char** argv) {
       "CPU ms per step and million parameters beyond the simulated work (sim.py fits it per algorithm)")(
       "sample", po::value(&o.sample)->default_value(o.sample),
       "how much of a uniform pattern is simulated: a ring's first max(4, N/2) steps per phase, an "
-      "all-to-all in N messages (0: simulate all)")(
+      "all-to-all in N messages, and the small messages of agreements and the shrink computed from "
+      "their routes (0: simulate all)")(
       "tree-segments", po::value(&o.tree_segments)->default_value(o.tree_segments),
       "pipeline segments of the tree algorithms")("simgrid-fat-tree", po::bool_switch(&o.simgrid_fat_tree),
                                                   "build the fabric with SimGrid's FatTreeZone instead of "
                                                   "sinew-sim's own (same routes; for sim.py check)")(
-      "help", "this help");
+      "simulate-control", po::bool_switch(&o.simulate_control),
+      "simulate the agreements' and the shrink's small messages as flows even when sampling (for sim.py "
+      "check)")("help", "this help");
   po::variables_map vm;
   po::store(po::command_line_parser(ours).options(d).run(), vm);
   if (vm.count("help") != 0) {
@@ -167,11 +170,12 @@ void ensure_stack(char** argv) {
   constexpr rlim_t kWanted = rlim_t{1} << 30;  // 1 GiB, reserved lazily
   rlimit r{};
   if (getrlimit(RLIMIT_STACK, &r) != 0 || r.rlim_cur == RLIM_INFINITY || r.rlim_cur >= kWanted) return;
-  if (std::getenv("SINEW_SIM_STACK") != nullptr) return;
+  // Single-threaded here: SimGrid has not started.
+  if (std::getenv("SINEW_SIM_STACK") != nullptr) return;  // NOLINT(concurrency-mt-unsafe)
   r.rlim_cur = r.rlim_max == RLIM_INFINITY ? kWanted : std::min(kWanted, r.rlim_max);
   if (setrlimit(RLIMIT_STACK, &r) != 0) return;
-  setenv("SINEW_SIM_STACK", "1", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: go on with the stack there is
+  setenv("SINEW_SIM_STACK", "1", 1);  // NOLINT(concurrency-mt-unsafe)
+  execv("/proc/self/exe", argv);      // returns only on failure: go on with the stack there is
 }
 
 int main(int argc, char** argv) {

@@ -137,6 +137,9 @@ struct Options {
   int sample = 8;
   int tree_segments = 8;
   bool simgrid_fat_tree = false;  ///< SimGrid's FatTreeZone for the fabric (quadratic to build; same routes)
+  /// Simulate ULFM's agreements and the shrink's allgather as flows even when sampling, rather than
+  /// compute them from the routes (computed_control() in cluster.hpp; for sim.py check).
+  bool simulate_control = false;
 };
 
 /// The steps of each phase a sampled ring simulates (Options::sample > 0).
