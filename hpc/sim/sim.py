@@ -270,14 +270,14 @@ def check(a):
     print(f"{'':48} {'computed_ms':>10} {'simulated_ms':>12} {'off':>7}")
     for i, (plat, n, mode, failure) in enumerate(CONTROL):
         computed, simulated = control_results[2 * i], control_results[2 * i + 1]
-        pairs = [("total", computed["total_ms"], simulated["total_ms"])]
-        pairs += [(part, computed["parts_ms"].get(part, 0.0), v) for part, v in simulated["parts_ms"].items()]
-        worst = max(pairs, key=lambda t: abs(off(t[1], t[2])) if t[2] > 0 else 0.0)
-        bad = [part for part, c, v in pairs if v > 0 and abs(off(c, v)) > CONTROL_TOLERANCE]
+        offs = {"total": off(computed["total_ms"], simulated["total_ms"])}
+        offs.update({part: off(computed["parts_ms"].get(part, 0.0), v)
+                     for part, v in simulated["parts_ms"].items() if v > 0})
+        worst = max(offs, key=lambda part: abs(offs[part]))
+        bad = [part for part, o in offs.items() if abs(o) > CONTROL_TOLERANCE]
         name = f"{mode} {failure} {plat} {n} ranks: total"
-        print(f"{name:48} {pairs[0][1]:10.3f} {pairs[0][2]:12.3f} {off(pairs[0][1], pairs[0][2]):+7.1%}  "
-              f"(most off: {worst[0]} {off(worst[1], worst[2]) if worst[2] > 0 else 0.0:+.2%})"
-              f"{'  FAILED: ' + ', '.join(bad) if bad else ''}")
+        print(f"{name:48} {computed['total_ms']:10.3f} {simulated['total_ms']:12.3f} {offs['total']:+7.1%}  "
+              f"(most off: {worst} {offs[worst]:+.2%}){'  FAILED: ' + ', '.join(bad) if bad else ''}")
         if bad:
             failures.append(f"computed control {name}")
     if failures:
