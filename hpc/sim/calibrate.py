@@ -35,6 +35,11 @@ p2p         not measured: sinew-bench has no point-to-point (ping-pong) benchmar
 contention  per section: its wall time, and the CPU time that other processes used meanwhile (the machine's
             busy time from /proc/stat minus that of this script and its children, os.times()), also as
             mean cores. Work of others inflates the figures of a section; the summary warns of it.
+cpu         at the start and at the end: how long a fixed loop of Python takes alone ("alone_s", the
+            median of 3) and how many cores' worth of it the machine gives when every core runs one
+            ("cores_worth": cores x alone / the mean time with all running at once, median of 3). Load
+            that /proc/stat does not show (a virtual machine's neighbours, a CPU quota) lowers them; the
+            summary warns when fewer than CPU_SHORT of the cores were there.
 
 --quick is a smoke run: 1 round, 4096 training samples, 5 warm-up steps, shorter benchmarks. A failed run
 stops the calibration with its output and a non-zero exit; nothing is written then.
@@ -75,6 +80,10 @@ RECOVERY_RANKS = [3, 4]
 LAUNCH_RANKS = [1, 2, 3, 4]
 STEP_FIELDS = ["step_ms", "comm_ms", "exposed_comm_ms", "bytes_sent_per_step"]
 CONTENDED_CORES = 0.1  # other processes' mean CPU use above which the summary warns
+CPU_SHORT = 0.85       # the share of the cores' worth (cpu section) below which the summary warns
+PROBE_LOOP = 3_000_000  # iterations of the cpu section's loop (0.1-0.3 s alone)
+PROBE_CODE = ("import time\nt = time.perf_counter()\nx = 0\nfor i in range({n}):\n    x += i\n"
+              "print(time.perf_counter() - t)")
 
 
 class Settings:
@@ -341,6 +350,22 @@ class OtherLoad:
         return False
 
 
+def cpu_probe(cores):
+    """The cpu section's figures (see the module's doc): the loop alone, then on every core at once."""
+    cmd = [sys.executable, "-c", PROBE_CODE.format(n=PROBE_LOOP)]
+
+    def loops(k):
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(k)]
+        outs = [p.communicate()[0] for p in procs]
+        if any(p.returncode != 0 for p in procs):
+            raise SystemExit("calibrate: the cpu probe's Python loop failed")
+        return [float(o) for o in outs]
+
+    alone = statistics.median(loops(1)[0] for _ in range(3))
+    together = statistics.median(statistics.mean(loops(cores)) for _ in range(3))
+    return {"alone_s": alone, "cores_worth": min(float(cores), cores * alone / together)}
+
+
 def progress(text):
     print(f"== {text}", file=sys.stderr, flush=True)
 
@@ -375,6 +400,14 @@ def summary(c):
         lines.append(f"checkpoint {n} ranks: {ck['disk_bytes']} bytes on disk ({ck['payload_bytes']} payload), "
                      f"write {ck['write_ms']:.1f} ms, commit {ck['commit_ms']:.1f} ms, "
                      f"load {ck['load_ms']:.1f} ms")
+    cpu = c["cpu"]
+    lines.append(f"cpu: a Python loop alone {cpu['start']['alone_s'] * 1e3:.0f} ms at the start, "
+                 f"{cpu['end']['alone_s'] * 1e3:.0f} ms at the end; all {m['cores']} cores running it gave "
+                 f"{cpu['start']['cores_worth']:.2f} and {cpu['end']['cores_worth']:.2f} cores' worth")
+    short = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
+    if short < CPU_SHORT * m["cores"]:
+        lines.append(f"WARNING: the machine gave {short:.2f} of its {m['cores']} cores (a CPU quota or busy "
+                     "neighbours): 3 and 4 ranks are slowed unevenly, and the check's predictions at 4 ranks may miss")
     lines.append("other processes' CPU use, mean cores: " + ", ".join(
         f"{name} {u['other_cores']:.2f}" for name, u in c["contention"].items()))
     busy = [name for name, u in c["contention"].items() if u["other_cores"] > CONTENDED_CORES]
@@ -395,6 +428,8 @@ def main():
     t0 = time.perf_counter()
     cal = Calibration(Settings(a.quick, a.rounds))
     c = {"machine": cal.machine(), "workload": cal.workload(), "rounds": cal.s.rounds, "quick": a.quick}
+    progress("cpu probe")
+    c["cpu"] = {"start": cpu_probe(c["machine"]["cores"])}
     sections = {"step": cal.step, "compute": cal.compute, "allreduce": cal.allreduce, "recovery": cal.recovery,
                 "launch": cal.launch, "checkpoint": lambda: cal.checkpoint(c["recovery"])}
     contention = {}
@@ -403,6 +438,8 @@ def main():
             c[name] = measure()
         contention[name] = load.result
     c["contention"] = contention
+    progress("cpu probe")
+    c["cpu"]["end"] = cpu_probe(c["machine"]["cores"])
     c["notes"] = {
         "step": "medians over the steps after workload.warmup_steps; the 1-rank run is gradient_allreduce "
                 "(no communication), stored under allreduce-mpi",

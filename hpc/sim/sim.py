@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 
+from calibrate import CPU_SHORT  # below this share of its cores' worth the calibration machine was short
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CALIBRATION = os.path.join(HERE, "calibration.json")
@@ -170,6 +172,26 @@ def overhead_args(ovh, algorithm):
     return ["--overhead-ms-per-mparam", f"{ovh[algorithm]:.6g}"]
 
 
+def machine_state(measured):
+    """What the calibration says about the machine while it measured: on a busy or throttled machine
+    3 and 4 ranks (more processes than cores) are slowed unevenly, and the check predicts 4 from 3."""
+    cores = measured["machine"]["cores"]
+    lines = [f"the calibration of {measured['machine']['date']}: other processes used " + ", ".join(
+        f"{name} {u['other_cores']:.2f}" for name, u in measured["contention"].items()) + " cores; it took "
+        f"{measured['duration_s']:.0f} s, a 1-rank step {measured['step']['allreduce-mpi']['1']['step_ms']:.2f} ms "
+        "(docs/scale.md gives the committed calibration's)"]
+    cpu = measured.get("cpu")  # calibrations before 2026-12-03 have no cpu probe
+    if cpu:
+        worth = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
+        lines.append(f"its {cores} cores gave {worth:.2f} cores' worth of a Python loop (a Python loop alone: "
+                     f"{cpu['start']['alone_s'] * 1e3:.0f} ms at the start, {cpu['end']['alone_s'] * 1e3:.0f} "
+                     "ms at the end)")
+        if worth < CPU_SHORT * cores:
+            lines.append("the machine was short of CPU (a quota or busy neighbours), which slows 3 and 4 ranks "
+                         "unevenly; calibrate again on a quiet machine")
+    return lines
+
+
 def check(a):
     if not a.sim or not os.path.exists(a.sim):
         print("sim.py check: sinew-sim was not built (SimGrid missing: apt-get install libsimgrid-dev); skipped")
@@ -282,6 +304,8 @@ def check(a):
             failures.append(f"computed control {name}")
     if failures:
         print(f"sim.py check: FAILED: {', '.join(failures)}")
+        for line in machine_state(measured):
+            print(f"sim.py check: {line}")
         return 1
     print("sim.py check: the model reproduces the calibration machine within the tolerance")
     return 0
