@@ -366,6 +366,18 @@ def cpu_probe(cores):
     return {"alone_s": alone, "cores_worth": min(float(cores), cores * alone / together)}
 
 
+def cpu_lines(cpu, cores):
+    """The cpu section in words, with a warning when the machine was short of CPU (also sim.py check's)."""
+    lines = [f"cpu: a Python loop alone {cpu['start']['alone_s'] * 1e3:.0f} ms at the start, "
+             f"{cpu['end']['alone_s'] * 1e3:.0f} ms at the end; all {cores} cores running it gave "
+             f"{cpu['start']['cores_worth']:.2f} and {cpu['end']['cores_worth']:.2f} cores' worth"]
+    short = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
+    if short < CPU_SHORT * cores:
+        lines.append(f"WARNING: the machine gave {short:.2f} of its {cores} cores (a CPU quota or busy neighbours): "
+                     "3 and 4 ranks are slowed unevenly, and the check's predictions at 4 ranks may miss")
+    return lines
+
+
 def progress(text):
     print(f"== {text}", file=sys.stderr, flush=True)
 
@@ -400,14 +412,7 @@ def summary(c):
         lines.append(f"checkpoint {n} ranks: {ck['disk_bytes']} bytes on disk ({ck['payload_bytes']} payload), "
                      f"write {ck['write_ms']:.1f} ms, commit {ck['commit_ms']:.1f} ms, "
                      f"load {ck['load_ms']:.1f} ms")
-    cpu = c["cpu"]
-    lines.append(f"cpu: a Python loop alone {cpu['start']['alone_s'] * 1e3:.0f} ms at the start, "
-                 f"{cpu['end']['alone_s'] * 1e3:.0f} ms at the end; all {m['cores']} cores running it gave "
-                 f"{cpu['start']['cores_worth']:.2f} and {cpu['end']['cores_worth']:.2f} cores' worth")
-    short = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
-    if short < CPU_SHORT * m["cores"]:
-        lines.append(f"WARNING: the machine gave {short:.2f} of its {m['cores']} cores (a CPU quota or busy "
-                     "neighbours): 3 and 4 ranks are slowed unevenly, and the check's predictions at 4 ranks may miss")
+    lines += cpu_lines(c["cpu"], m["cores"])
     lines.append("other processes' CPU use, mean cores: " + ", ".join(
         f"{name} {u['other_cores']:.2f}" for name, u in c["contention"].items()))
     busy = [name for name, u in c["contention"].items() if u["other_cores"] > CONTENDED_CORES]

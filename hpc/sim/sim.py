@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from calibrate import CPU_SHORT  # below this share of its cores' worth the calibration machine was short
+from calibrate import cpu_lines  # the calibration's cpu probe in words
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -180,15 +180,8 @@ def machine_state(measured):
         f"{name} {u['other_cores']:.2f}" for name, u in measured["contention"].items()) + " cores; it took "
         f"{measured['duration_s']:.0f} s, a 1-rank step {measured['step']['allreduce-mpi']['1']['step_ms']:.2f} ms "
         "(docs/scale.md gives the committed calibration's)"]
-    cpu = measured.get("cpu")  # calibrations before 2026-12-03 have no cpu probe
-    if cpu:
-        worth = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
-        lines.append(f"its {cores} cores gave {worth:.2f} cores' worth of a Python loop (a Python loop alone: "
-                     f"{cpu['start']['alone_s'] * 1e3:.0f} ms at the start, {cpu['end']['alone_s'] * 1e3:.0f} "
-                     "ms at the end)")
-        if worth < CPU_SHORT * cores:
-            lines.append("the machine was short of CPU (a quota or busy neighbours), which slows 3 and 4 ranks "
-                         "unevenly; calibrate again on a quiet machine")
+    if "cpu" in measured:  # calibrations before 2026-12-03 have no cpu probe
+        lines += cpu_lines(measured["cpu"], cores)
     return lines
 
 
