@@ -8,6 +8,9 @@
 //   sinew-bench quantize    the quantiser (ByteGrad's codec, --bits 8|4|2) encode and decode throughput, one
 //   process sinew-bench load-data   time to load and normalise a data set (default Fashion-MNIST), one
 //   process
+//   sinew-bench new-comm    the first MPI_Allreduce on a new communicator against the calls after it: time
+//                           and the memory pages it faulted in (after a recovery, Sinew's first step is
+//                           such a first call, on the shrunk communicator)
 //
 // busbw for allreduce = algbw * 2(n-1)/n (nccl-tests' convention), so figures are comparable across rank
 // counts; for bytegrad it is the effective bandwidth (of the float buffer, not of the compressed bytes).
@@ -15,6 +18,7 @@
 // correct reduction order gives the exact value); for bytegrad, elements beyond its documented error
 // bound. The wire column is the bytes rank 0 sent per byte of buffer (2(n-1)/n for a ring).
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -664,6 +668,62 @@ int bench_load_data(const std::vector<std::string>& args, const mpi::Communicato
   return 0;
 }
 
+/// Minor page faults of this process so far (pages the kernel had to map in).
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+/// The first MPI_Allreduce on each of --comms fresh communicators (MPI_Comm_dup of the world, after warm-up
+/// calls on the world) and the --calls after it: the slowest rank's time and the most pages a rank faulted
+/// in during the call.
+int bench_new_comm(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  std::int64_t count = 669706;  // the parameters of the MLP 784-512-512-10
+  int comms = 3, calls = 3;
+  po::options_description d("sinew-bench new-comm");
+  d.add_options()("count", po::value(&count)->default_value(count),
+                  "floats per allreduce (default: the MLP's)")(
+      "comms", po::value(&comms)->default_value(comms), "fresh communicators")(
+      "calls", po::value(&calls)->default_value(calls), "allreduces timed on each");
+  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+    if (world.rank() == 0) std::cout << d;
+    return 0;
+  }
+  parse_options(args, d, "new-comm");
+  if (count < 1 || count > std::numeric_limits<int>::max() || comms < 1 || calls < 1)
+    SINEW_THROW(InvalidArgument,
+                "sinew-bench new-comm: need --count in 1..2^31-1, --comms >= 1, --calls >= 1");
+  std::vector<float> buf(static_cast<std::size_t>(count), 1.f);
+  const auto timed = [&](MPI_Comm comm) {
+    const long f0 = minor_faults();
+    const double t0 = MPI_Wtime();
+    SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+    double r[2] = {(MPI_Wtime() - t0) * 1e3, static_cast<double>(minor_faults() - f0)};
+    SINEW_MPI(MPI_Allreduce(MPI_IN_PLACE, r, 2, MPI_DOUBLE, MPI_MAX, comm));
+    return std::pair{r[0], r[1]};
+  };
+  for (int i = 0; i < 5; ++i) timed(world.get());  // the world's first calls fault in their buffers too
+  if (world.rank() == 0) {
+    std::printf(
+        "# sinew-bench new-comm: %d ranks, MPI_Allreduce of %lld floats; ms of the slowest rank, pages "
+        "faulted in by the rank that faulted most\n",
+        world.size(), static_cast<long long>(count));
+    std::printf("%6s %6s %10s %8s\n", "comm", "call", "ms", "faults");
+  }
+  for (int c = 0; c < comms; ++c) {
+    MPI_Comm fresh = MPI_COMM_NULL;
+    SINEW_MPI(MPI_Comm_dup(world.get(), &fresh));
+    SINEW_MPI(MPI_Barrier(fresh));
+    for (int k = 0; k < calls; ++k) {
+      const auto [ms, faults] = timed(fresh);
+      if (world.rank() == 0) std::printf("%6d %6d %10.3f %8.0f\n", c, k, ms, faults);
+    }
+    SINEW_MPI(MPI_Comm_free(&fresh));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -672,7 +732,8 @@ int main(int argc, char** argv) {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") {
       if (apps::launcher_rank() == 0) {
         std::puts(
-            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint|quantize|load-data [options]   "
+            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint|quantize|load-data|new-comm "
+            "[options] "
             "(--help after the name lists them)");
       }
       return args.empty() ? 2 : 0;
@@ -680,10 +741,10 @@ int main(int argc, char** argv) {
     const std::string what = args[0];
     args.erase(args.begin());
     if (what != "allreduce" && what != "train-step" && what != "checkpoint" && what != "quantize" &&
-        what != "load-data") {
+        what != "load-data" && what != "new-comm") {
       SINEW_THROW(InvalidArgument,
-                  "sinew-bench: unknown benchmark '{}'; use allreduce, train-step, checkpoint, quantize or "
-                  "load-data",
+                  "sinew-bench: unknown benchmark '{}'; use allreduce, train-step, checkpoint, quantize, "
+                  "load-data or new-comm",
                   what);
     }
     mpi::Environment env(&argc, &argv);
@@ -692,6 +753,7 @@ int main(int argc, char** argv) {
     if (what == "checkpoint") return bench_checkpoint(args, world);
     if (what == "quantize") return bench_quantize(args, world);
     if (what == "load-data") return bench_load_data(args, world);
+    if (what == "new-comm") return bench_new_comm(args, world);
     return what == "allreduce" ? bench_allreduce(args, world) : bench_train_step(args, world);
   });
 }

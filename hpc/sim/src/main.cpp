@@ -148,6 +148,9 @@ int run(int argc, char** argv) {
   } else {
     const Mode m = mode_from_name(mode);
     const Failure f = failure_from_name(failure);
+    if (p.local && f == Failure::kNode)
+      throw std::invalid_argument(
+          "--failure node needs a platform file: on 'local' every rank is on the one machine");
     const RecoveryResult r = simulate_recovery(sg_argc, simgrid_args.data(), p, cal, w, m, f, ranks, o);
     json parts = json::object();
     for (const auto& [name, s] : r.parts_s) parts[name] = s * 1e3;
