@@ -39,7 +39,13 @@ cpu         at the start and at the end: how long a fixed loop of Python takes a
             median of 3) and how many cores' worth of it the machine gives when every core runs one
             ("cores_worth": cores x alone / the mean time with all running at once, median of 3). Load
             that /proc/stat does not show (a virtual machine's neighbours, a CPU quota) lowers them; the
-            summary warns when fewer than CPU_SHORT of the cores were there.
+            summary warns when fewer than CPU_SHORT of the cores were there. And what a fresh page of
+            memory costs to fault in ("fault_us", microseconds, median of 3: writing a byte per page of
+            FAULT_MIB MiB of fresh memory, less the same loop over the pages once there). On a virtual
+            machine whose memory the host hands out lazily it is many times a bare machine's (12-16 us
+            on 2026-12-03 here); the recoveries' first step and state sync, process start-up and data
+            loading all touch fresh memory. The model does not use these figures: they say why a
+            calibration differs from another.
 
 --quick is a smoke run: 1 round, 4096 training samples, 5 warm-up steps, shorter benchmarks. A failed run
 stops the calibration with its output and a non-zero exit; nothing is written then.
@@ -84,6 +90,13 @@ CPU_SHORT = 0.85       # the share of the cores' worth (cpu section) below which
 PROBE_LOOP = 3_000_000  # iterations of the cpu section's loop (0.1-0.3 s alone)
 PROBE_CODE = ("import time\nt = time.perf_counter()\nx = 0\nfor i in range({n}):\n    x += i\n"
               "print(time.perf_counter() - t)")
+FAULT_MIB = 64  # fresh anonymous memory the cpu section's page-fault probe writes a byte to per page
+# The first pass over fresh pages (each one faulted in by the kernel) less the second (the same loop on
+# pages already there), per page, in microseconds.
+FAULT_CODE = ("import mmap, time\npage = mmap.PAGESIZE\nm = mmap.mmap(-1, {mib} << 20)\n"
+              "def touch():\n    t = time.perf_counter()\n    for i in range(0, len(m), page):\n        m[i] = 1\n"
+              "    return time.perf_counter() - t\n"
+              "first = touch()\nprint((first - touch()) / (len(m) // page) * 1e6)")
 
 
 class Settings:
@@ -363,7 +376,9 @@ def cpu_probe(cores):
 
     alone = statistics.median(loops(1)[0] for _ in range(3))
     together = statistics.median(statistics.mean(loops(cores)) for _ in range(3))
-    return {"alone_s": alone, "cores_worth": min(float(cores), cores * alone / together)}
+    fault = statistics.median(float(run([sys.executable, "-c", FAULT_CODE.format(mib=FAULT_MIB)],
+                                        "the page-fault probe")) for _ in range(3))
+    return {"alone_s": alone, "cores_worth": min(float(cores), cores * alone / together), "fault_us": fault}
 
 
 def cpu_lines(cpu, cores):
@@ -371,6 +386,10 @@ def cpu_lines(cpu, cores):
     lines = [f"cpu: a Python loop alone {cpu['start']['alone_s'] * 1e3:.0f} ms at the start, "
              f"{cpu['end']['alone_s'] * 1e3:.0f} ms at the end; all {cores} cores running it gave "
              f"{cpu['start']['cores_worth']:.2f} and {cpu['end']['cores_worth']:.2f} cores' worth"]
+    if "fault_us" in cpu["start"]:  # calibrations before 2026-12-03 afternoon have no page-fault probe
+        lines.append(f"memory: a fresh page cost {cpu['start']['fault_us']:.1f} us to fault in at the start, "
+                     f"{cpu['end']['fault_us']:.1f} us at the end (the first step and the state sync after a "
+                     "recovery, process start-up and data loading touch fresh memory)")
     short = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
     if short < CPU_SHORT * cores:
         lines.append(f"WARNING: the machine gave {short:.2f} of its {cores} cores (a CPU quota or busy neighbours): "
