@@ -43,9 +43,9 @@ cpu         at the start and at the end: how long a fixed loop of Python takes a
             memory costs to fault in ("fault_us", microseconds, median of 3: writing a byte per page of
             FAULT_MIB MiB of fresh memory, less the same loop over the pages once there). On a virtual
             machine whose memory the host hands out lazily it is many times a bare machine's (12-16 us
-            on 2026-12-03 here); the recoveries' first step and state sync, process start-up and data
-            loading all touch fresh memory. The model does not use these figures: they say why a
-            calibration differs from another.
+            on 2026-12-03 here); the first step after a recovery (Open MPI's receive buffer on the new
+            communicator), process start-up and data loading touch fresh memory. The model does not use
+            these figures: they say why a calibration differs from another.
 
 --quick is a smoke run: 1 round, 4096 training samples, 5 warm-up steps, shorter benchmarks. A failed run
 stops the calibration with its output and a non-zero exit; nothing is written then.
@@ -388,8 +388,8 @@ def cpu_lines(cpu, cores):
              f"{cpu['start']['cores_worth']:.2f} and {cpu['end']['cores_worth']:.2f} cores' worth"]
     if "fault_us" in cpu["start"]:  # calibrations before 2026-12-03 afternoon have no page-fault probe
         lines.append(f"memory: a fresh page cost {cpu['start']['fault_us']:.1f} us to fault in at the start, "
-                     f"{cpu['end']['fault_us']:.1f} us at the end (the first step and the state sync after a "
-                     "recovery, process start-up and data loading touch fresh memory)")
+                     f"{cpu['end']['fault_us']:.1f} us at the end (the first step after a recovery, process "
+                     "start-up and data loading touch fresh memory)")
     short = min(cpu["start"]["cores_worth"], cpu["end"]["cores_worth"])
     if short < CPU_SHORT * cores:
         lines.append(f"WARNING: the machine gave {short:.2f} of its {cores} cores (a CPU quota or busy neighbours): "
