@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <mpi.h>
@@ -32,6 +33,16 @@ void settle_before_exit(ExitCode code) {
     // An error before MPI started (a bad option) under a launcher: start MPI only to meet the others.
     if (!launch::current().launched() || MPI_Init(nullptr, nullptr) != MPI_SUCCESS) return;
   }
+  // Neither MPI_Finalize nor MPI_Abort is bounded (with ULFM and a dead peer either can wait for good):
+  // if they have not ended this process in time, it ends itself with the code, which its launcher and
+  // the other ranks (ULFM: as one more failed process) see.
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(15));
+    std::fprintf(stderr, "sinew: MPI did not shut down within 15 s of the error; exiting with code %d\n",
+                 static_cast<int>(code));
+    std::fflush(stderr);
+    std::_Exit(static_cast<int>(code));
+  }).detach();
   MPI_Request req = MPI_REQUEST_NULL;
   int done = 0;
   if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {

@@ -1,12 +1,16 @@
 // The MPI backend against hand-computed results, its deadlines, and Work::abort().
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/mpi/environment.hpp"
 
 using namespace sinew;
 using namespace std::chrono_literals;
@@ -174,4 +178,47 @@ TEST(MpiBackend, AbortAfterCompletionStillFailsTheWait) {
   w->abort();  // complete: nothing is left to cancel, and the backend is not aborted
   EXPECT_THROW(w->wait(30s), CommFailure);
   b.barrier_sync();
+}
+
+TEST(MpiBackend, ARevokeDuringCollectivesFailsEveryRankWithCommFailure) {
+  if (!mpi::ulfm_enabled()) GTEST_SKIP() << "needs ULFM (mpirun --with-ft ulfm)";
+  // One rank revokes the communicator at a random moment inside an allreduce (the survivors of a failure
+  // do that in recover()); every other rank, in its own allreduces, must see CommFailure, the error that
+  // starts a recovery. Open MPI's nonblocking collectives report a revocation met between two rounds of
+  // their schedule as MPI_ERR_OTHER (a CI run of elastic.kill9-async lost a rank to it, which then left
+  // the job instead of recovering), so this tries many moments. The backends are never freed (see
+  // AbortingAnUnfinishedCollectiveAbortsTheBackend).
+  constexpr int kTrials = 400;
+  std::vector<float> v(4096, 1.f);
+  int other_errors = 0;
+  std::string first_other;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    auto* b = new comm::mpi::MpiBackend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const int revoker = trial % b->size();
+    const int normal_rounds = trial % 3;  // complete allreduces before the interrupted one
+    const auto buf = comm::Buffer::of(std::span<float>(v));
+    try {
+      for (int k = 0;; ++k) {
+        auto w = b->allreduce(buf, comm::ReduceOp::kSum, {});
+        if (b->rank() == revoker && k == normal_rounds) {
+          // The peers are inside this allreduce's schedule: revoke at some point of it.
+          const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(37 * (trial % 11));
+          while (std::chrono::steady_clock::now() < until) {
+            (void)w->test();
+          }
+          b->abort();
+          break;
+        }
+        w->wait(30s);
+        std::fill(v.begin(), v.end(), 1.f);
+      }
+    } catch (const CommFailure&) {
+      // what every rank but the revoker must end with
+    } catch (const Error& e) {
+      if (other_errors++ == 0) first_other = e.message();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  EXPECT_EQ(other_errors, 0) << "of " << kTrials << " revocations; the first: " << first_other;
 }
