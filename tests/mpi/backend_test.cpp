@@ -50,7 +50,7 @@ TEST(MpiBackend, AllgatherInRankOrder) {
   std::vector<float> in(3, static_cast<float>(b.rank()));
   std::vector<float> out(3 * static_cast<std::size_t>(b.size()));
   b.allgather_sync(comm::Buffer::of(std::span<float>(in)), comm::Buffer::of(std::span<float>(out)));
-  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<float>(i / 3));
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<float>(static_cast<int>(i / 3)));
   std::vector<float> wrong(2);
   EXPECT_THROW(
       b.allgather(comm::Buffer::of(std::span<float>(in)), comm::Buffer::of(std::span<float>(wrong)), {}),
@@ -60,7 +60,7 @@ TEST(MpiBackend, AllgatherInRankOrder) {
 TEST(MpiBackend, RingSendRecv) {
   auto b = make();
   const int n = b.size(), r = b.rank();
-  std::int64_t out = r * 100, in = -1;
+  std::int64_t out = std::int64_t{r} * 100, in = -1;
   comm::Options o;
   o.tag = 7;
   auto rw = b.recv(comm::Buffer::of(std::span<std::int64_t>(&in, 1)), (r + n - 1) % n, o);
