@@ -67,9 +67,9 @@ elif [ "$calibrate" = 1 ]; then
     cat >&2 <<EOF
 run.sh: the model misses the fresh calibration (the FAILED rows above), so hpc/sim/calibration.json was
   kept as it was and nothing was regenerated; the fresh one is $fresh.
-  A busy or throttled machine slows 3 and 4 ranks (more processes than cores) unevenly, and the check
-  predicts 4 ranks from 3 (the lines above say what the calibration saw): rerun later, or run
-  'hpc/sim/run.sh --no-calibrate' to regenerate the results from the kept calibration.
+  A busy or throttled machine slows 3 and 4 ranks (more processes than cores) unevenly (the lines
+  above say what the calibration saw): rerun later, or run 'hpc/sim/run.sh --no-calibrate' to
+  regenerate the results from the kept calibration.
 EOF
     exit 3
   fi
