@@ -102,6 +102,8 @@ class Request {
     return &req_;
   }
   [[nodiscard]] bool active() const noexcept { return req_ != MPI_REQUEST_NULL; }
+  /// Whether the handle came from out_collective(): MPI cannot cancel it.
+  [[nodiscard]] bool collective() const noexcept { return !p2p_; }
   /// MPI_Test; true once complete (then the handle is MPI_REQUEST_NULL). Throws on failure.
   bool test();
   /// Cancels (point-to-point only) and frees the request. Never throws.

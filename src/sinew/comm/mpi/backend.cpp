@@ -64,10 +64,10 @@ int checked_count(std::size_t count, const char* op) {
 /// abort without taking the mutex.
 class MpiWork final : public Work {
  public:
-  /// `backend`: the communicator's backend; `collective`: the backend is aborted when this operation is
-  /// aborted unfinished (point-to-point operations MPI cancels one by one).
-  MpiWork(std::string what, std::vector<Request> reqs, MpiBackend& backend, bool collective)
-      : what_(std::move(what)), reqs_(std::move(reqs)), backend_(backend), collective_(collective) {}
+  /// `backend`: the communicator's; aborted when a collective of this operation is aborted unfinished
+  /// (point-to-point operations MPI cancels one by one).
+  MpiWork(std::string what, std::vector<Request> reqs, MpiBackend& backend)
+      : what_(std::move(what)), reqs_(std::move(reqs)), backend_(backend) {}
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
   MpiWork(MpiWork&&) = delete;
@@ -103,14 +103,15 @@ class MpiWork final : public Work {
     try {
       std::lock_guard lock(mu_);
       for (auto& r : reqs_) {
-        if (collective_) {
+        if (r.collective()) {
           unfinished_collective = unfinished_collective || r.active();
         } else {
           r.reset();  // MPI_Cancel + MPI_Request_free: an unmatched receive is cancelled at once
         }
       }
     } catch (...) {  // std::mutex::lock: only on a broken invariant; give the group up to be safe
-      unfinished_collective = collective_;
+      unfinished_collective =
+          std::any_of(reqs_.begin(), reqs_.end(), [](const Request& r) { return r.collective(); });
     }
     // An unfinished collective stays in MPI's queue: only aborting the communicator ends it (here, with
     // ULFM, and at the peers); its requests then complete with an error and are dropped with the Work.
@@ -126,14 +127,13 @@ class MpiWork final : public Work {
   std::mutex mu_;
   std::vector<Request> reqs_;  // guarded by mu_
   MpiBackend& backend_;
-  bool collective_;
   std::atomic<bool> aborted_{false};
 };
 
-std::unique_ptr<Work> one(std::string what, Request r, MpiBackend& backend, bool collective) {
+std::unique_ptr<Work> one(std::string what, Request r, MpiBackend& backend) {
   std::vector<Request> v;
   v.push_back(std::move(r));
-  return std::make_unique<MpiWork>(std::move(what), std::move(v), backend, collective);
+  return std::make_unique<MpiWork>(std::move(what), std::move(v), backend);
 }
 
 }  // namespace
@@ -161,7 +161,7 @@ std::unique_ptr<Work> MpiBackend::allreduce(Buffer buf, ReduceOp op, const Optio
   Request r;
   SINEW_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf.data, checked_count(buf.count, "allreduce"), to_mpi(buf.dtype),
                            to_mpi(op), comm_.get(), r.out_collective()));
-  return one(fmt::format("allreduce({} x {})", buf.count, dtype_name(buf.dtype)), std::move(r), *this, true);
+  return one(fmt::format("allreduce({} x {})", buf.count, dtype_name(buf.dtype)), std::move(r), *this);
 }
 
 void MpiBackend::allreduce_blocking(Buffer buf, ReduceOp op) {
@@ -177,7 +177,7 @@ std::unique_ptr<Work> MpiBackend::broadcast(Buffer buf, int root, const Options&
   SINEW_MPI(MPI_Ibcast(buf.data, checked_count(buf.count, "broadcast"), to_mpi(buf.dtype), root, comm_.get(),
                        r.out_collective()));
   return one(fmt::format("broadcast({} x {} from {})", buf.count, dtype_name(buf.dtype), root), std::move(r),
-             *this, true);
+             *this);
 }
 
 std::unique_ptr<Work> MpiBackend::allgather(Buffer in, Buffer out, const Options&) {
@@ -191,7 +191,7 @@ std::unique_ptr<Work> MpiBackend::allgather(Buffer in, Buffer out, const Options
   const int n = checked_count(in.count, "allgather");
   SINEW_MPI(MPI_Iallgather(in.data, n, to_mpi(in.dtype), out.data, n, to_mpi(out.dtype), comm_.get(),
                            r.out_collective()));
-  return one(fmt::format("allgather({} x {})", in.count, dtype_name(in.dtype)), std::move(r), *this, true);
+  return one(fmt::format("allgather({} x {})", in.count, dtype_name(in.dtype)), std::move(r), *this);
 }
 
 std::unique_ptr<Work> MpiBackend::send(Buffer buf, int peer, const Options& opts) {
@@ -200,8 +200,7 @@ std::unique_ptr<Work> MpiBackend::send(Buffer buf, int peer, const Options& opts
   Request r;
   SINEW_MPI(MPI_Isend(buf.data, checked_count(buf.count, "send"), to_mpi(buf.dtype), peer, opts.tag,
                       comm_.get(), r.out_p2p()));
-  return one(fmt::format("send({} x {} to {})", buf.count, dtype_name(buf.dtype), peer), std::move(r), *this,
-             false);
+  return one(fmt::format("send({} x {} to {})", buf.count, dtype_name(buf.dtype), peer), std::move(r), *this);
 }
 
 std::unique_ptr<Work> MpiBackend::recv(Buffer buf, int peer, const Options& opts) {
@@ -211,14 +210,14 @@ std::unique_ptr<Work> MpiBackend::recv(Buffer buf, int peer, const Options& opts
   SINEW_MPI(MPI_Irecv(buf.data, checked_count(buf.count, "recv"), to_mpi(buf.dtype), peer, opts.tag,
                       comm_.get(), r.out_p2p()));
   return one(fmt::format("recv({} x {} from {})", buf.count, dtype_name(buf.dtype), peer), std::move(r),
-             *this, false);
+             *this);
 }
 
 std::unique_ptr<Work> MpiBackend::barrier(const Options&) {
   check_usable();
   Request r;
   SINEW_MPI(MPI_Ibarrier(comm_.get(), r.out_collective()));
-  return one("barrier", std::move(r), *this, true);
+  return one("barrier", std::move(r), *this);
 }
 
 namespace {
