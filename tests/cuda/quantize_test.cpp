@@ -1,6 +1,6 @@
-// The GPU ByteGrad codec against the CPU codec (algo/quantize.hpp): the same bytes (headers equal as floats,
-// codes equal; the documented exceptions are tolerated and counted), bit-identical decoding both ways, and
-// the documented NaN behaviour.
+// The GPU ByteGrad codec (comm/nccl/quantize.hpp) against the CPU codec (algo/quantize.hpp): the same sizes,
+// the same bytes (headers equal as floats, codes equal; the documented exceptions are tolerated and
+// counted), bit-identical decoding both ways, and the documented NaN behaviour.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "gpu.hpp"
-#include "sinew/algo/cuda/quantize.hpp"
 #include "sinew/algo/quantize.hpp"
+#include "sinew/comm/nccl/quantize.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/cuda/buffer.hpp"
 #include "sinew/cuda/stream.hpp"
@@ -23,6 +23,7 @@ namespace {
 
 using sinew::cuda::DeviceBuffer;
 using sinew::cuda::Stream;
+namespace gpu = sinew::comm::nccl;
 
 /// Gradient-like data: normal values at several scales, exact zeros, a constant run.
 std::vector<float> gradient_like(std::size_t n, unsigned seed) {
@@ -40,11 +41,11 @@ std::vector<float> gradient_like(std::size_t n, unsigned seed) {
 /// GPU encoding of x, at byte `offset` of the device buffer (headers at odd addresses too).
 std::vector<std::byte> gpu_encode(const std::vector<float>& x, std::size_t chunk, std::size_t offset,
                                   Stream& s) {
-  const std::size_t bytes = encoded_bytes(x.size(), chunk);
+  const std::size_t bytes = gpu::encoded_bytes(x.size(), chunk);
   DeviceBuffer<float> dx(x.size());
   DeviceBuffer<std::byte> out(bytes + offset);
   dx.upload(std::span<const float>(x), s.get());
-  cuda::encode(dx.data(), x.size(), chunk, out.data() + offset, s.get());
+  gpu::encode(dx.data(), x.size(), chunk, out.data() + offset, s.get());
   std::vector<std::byte> host(bytes);
   out.download(host, s.get(), offset);
   s.synchronize();
@@ -59,9 +60,9 @@ std::vector<float> gpu_decode(const std::vector<std::byte>& enc, std::size_t n, 
   DeviceBuffer<float> out(n);
   if (base != nullptr) {
     out.upload(std::span<const float>(*base), s.get());
-    cuda::decode_add(in.data() + offset, n, chunk, out.data(), s.get());
+    gpu::decode_add(in.data() + offset, n, chunk, out.data(), s.get());
   } else {
-    cuda::decode(in.data() + offset, n, chunk, out.data(), s.get());
+    gpu::decode(in.data() + offset, n, chunk, out.data(), s.get());
   }
   std::vector<float> host(n);
   out.download(host, s.get());
@@ -71,6 +72,17 @@ std::vector<float> gpu_decode(const std::vector<std::byte>& enc, std::size_t n, 
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// No GPU needed: the GPU codec states its sizes itself (it lies below algo/), and they must be the CPU's.
+TEST(CudaQuantize, EncodedSizesAreTheCpuCodecs) {
+  EXPECT_EQ(gpu::kChunkHeaderBytes, kChunkHeaderBytes);
+  for (const std::size_t n : {0, 1, 17, 1000, 10007}) {
+    for (const std::size_t chunk : {1, 7, 64, 255, 256, 2048, 5000}) {
+      EXPECT_EQ(gpu::encoded_bytes(n, chunk), encoded_bytes(n, chunk)) << "n " << n << " chunk " << chunk;
+    }
+  }
+  EXPECT_THROW((void)gpu::encoded_bytes(4, 0), InvalidArgument);
 }
 
 TEST(CudaQuantize, EncodesTheCpuBytesAndDecodesBitForBit) {
@@ -156,10 +168,10 @@ TEST(CudaQuantize, RefusesChunkZeroAndIgnoresEmptyInput) {
   Stream s;
   DeviceBuffer<float> x(4);
   DeviceBuffer<std::byte> out(64);
-  EXPECT_THROW(cuda::encode(x.data(), 4, 0, out.data(), s.get()), InvalidArgument);
-  EXPECT_THROW(cuda::decode(out.data(), 4, 0, x.data(), s.get()), InvalidArgument);
-  EXPECT_NO_THROW(cuda::encode(x.data(), 0, 16, out.data(), s.get()));
-  EXPECT_NO_THROW(cuda::decode_add(out.data(), 0, 16, x.data(), s.get()));
+  EXPECT_THROW(gpu::encode(x.data(), 4, 0, out.data(), s.get()), InvalidArgument);
+  EXPECT_THROW(gpu::decode(out.data(), 4, 0, x.data(), s.get()), InvalidArgument);
+  EXPECT_NO_THROW(gpu::encode(x.data(), 0, 16, out.data(), s.get()));
+  EXPECT_NO_THROW(gpu::decode_add(out.data(), 0, 16, x.data(), s.get()));
   s.synchronize();
 }
 

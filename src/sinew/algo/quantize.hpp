@@ -27,7 +27,7 @@
 // byte 0), and the unused high bits of the last byte are 0. Below 8 bits `chunk` must be a multiple of
 // 8 / bits (2 or 4), so that every chunk starts on a byte. Headers first keep the codes contiguous, so
 // that encoding and decoding are plain vectorised loops. The 8-bit format is the one of
-// algo/cuda/quantize.hpp (the GPU codec, 8 bits only).
+// comm/nccl/quantize.hpp (the GPU codec of ByteGrad over NCCL, 8 bits only).
 #pragma once
 
 #include <cstddef>

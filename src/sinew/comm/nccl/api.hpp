@@ -2,9 +2,10 @@
 //
 // Two reasons for the table. NCCL is not linked: real_api() opens libnccl.so.2 at run time, so that Sinew's
 // binaries run where NCCL is absent and only `--device cuda` fails there, with a message naming the library.
-// And a test double (fake.hpp) can stand in for NCCL and for the few CUDA stream and event calls the backend
-// makes, so that bootstrap, failure handling and recovery are tested over MPI ranks on machines without a
-// GPU. Only the calls the backend uses are here; each one has NCCL's or CUDA's meaning and return codes.
+// And a test double (FakeApi, tests/mpi/nccl_fake.hpp: test code, not in libsinew) can stand in for NCCL and
+// for the few CUDA stream and event calls the backend makes, so that bootstrap, failure handling and recovery
+// are tested over MPI ranks on machines without a GPU. Only the calls the backend uses are here; each one has
+// NCCL's or CUDA's meaning and return codes.
 //
 // This header needs nccl.h (the library's PRIVATE include directory, ${SINEW_NCCL_INCLUDE}): it is for the
 // backend's implementation, the fake and the tests. The backend's own header (backend.hpp) does not need it.

@@ -20,8 +20,8 @@
 // streams. NCCL has no tags: Options::tag is ignored, messages between two ranks match in order. NCCL cannot
 // cancel one operation, so Work::abort() of any operation aborts the whole backend.
 //
-// The NCCL and CUDA calls go through an Api (api.hpp): real_api() in production, a FakeApi (fake.hpp) in
-// tests. This header does not need nccl.h.
+// The NCCL and CUDA calls go through an Api (api.hpp): real_api() in production, a FakeApi
+// (tests/mpi/nccl_fake.hpp) in tests. This header does not need nccl.h.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -4,9 +4,8 @@
 
 #include <algorithm>
 
-#include "sinew/algo/cuda/quantize.hpp"
-#include "sinew/algo/quantize.hpp"
 #include "sinew/comm/nccl/api.hpp"
+#include "sinew/comm/nccl/quantize.hpp"
 #include "sinew/core/error.hpp"
 
 namespace sinew::comm::nccl {
@@ -22,7 +21,7 @@ ByteGrad::ByteGrad(NcclBackend& nccl, std::size_t max_count, std::size_t chunk)
     : nccl_(nccl), max_count_(max_count), chunk_(chunk) {
   if (chunk == 0) SINEW_THROW(InvalidArgument, "bytegrad: the chunk size must be at least 1");
   const auto n = static_cast<std::size_t>(nccl.size());
-  max_seg_bytes_ = algo::encoded_bytes(segment_of(max_count, n), chunk);
+  max_seg_bytes_ = encoded_bytes(segment_of(max_count, n), chunk);
   // send and recv (n segments each), the encoded own sum (one), the gathered sums (n).
   void* p = nullptr;
   const cudaError_t e = nccl.api().device_alloc(&p, (3 * n + 1) * max_seg_bytes_);
@@ -48,7 +47,7 @@ std::unique_ptr<Work> ByteGrad::reduce(float* data, std::size_t count, const Opt
   if (n == 1 || count == 0) return nccl_.record("bytegrad (nothing to exchange)");
   const std::size_t seg = segment_of(count, n);
   const auto len = [&](std::size_t k) { return k * seg >= count ? 0 : std::min(seg, count - k * seg); };
-  const std::size_t seg_bytes = algo::encoded_bytes(seg, chunk_);
+  const std::size_t seg_bytes = encoded_bytes(seg, chunk_);
   std::byte* send = scratch_;
   std::byte* recv = send + n * max_seg_bytes_;
   std::byte* own = recv + n * max_seg_bytes_;
@@ -57,20 +56,20 @@ std::unique_ptr<Work> ByteGrad::reduce(float* data, std::size_t count, const Opt
   const auto me = static_cast<std::size_t>(r);
 
   for (std::size_t k = 0; k < n; ++k) {
-    if (len(k) > 0) algo::cuda::encode(data + k * seg, len(k), chunk_, send + k * seg_bytes, s);
+    if (len(k) > 0) encode(data + k * seg, len(k), chunk_, send + k * seg_bytes, s);
   }
   // The intermediate Works are dropped: the stream orders what follows, and the final Work's polls see any
   // failure of these operations (NCCL's async error, the MPI view).
   nccl_.all_to_all(Buffer{send, n * seg_bytes, DType::kUInt8}, Buffer{recv, n * seg_bytes, DType::kUInt8},
                    opts);
   for (std::size_t k = 0; k < n && len(me) > 0; ++k) {
-    if (k != me) algo::cuda::decode_add(recv + k * seg_bytes, len(me), chunk_, data + me * seg, s);
+    if (k != me) decode_add(recv + k * seg_bytes, len(me), chunk_, data + me * seg, s);
   }
-  if (len(me) > 0) algo::cuda::encode(data + me * seg, len(me), chunk_, own, s);
+  if (len(me) > 0) encode(data + me * seg, len(me), chunk_, own, s);
   nccl_.allgather(Buffer{own, seg_bytes, DType::kUInt8}, Buffer{gathered, n * seg_bytes, DType::kUInt8},
                   opts);
   for (std::size_t k = 0; k < n; ++k) {
-    if (len(k) > 0) algo::cuda::decode(gathered + k * seg_bytes, len(k), chunk_, data + k * seg, s);
+    if (len(k) > 0) decode(gathered + k * seg_bytes, len(k), chunk_, data + k * seg, s);
   }
   stats_.bytes_sent += 2 * (n - 1) * seg_bytes;
   stats_.messages_sent += 2 * (n - 1);

@@ -1,6 +1,6 @@
 // ByteGrad over NCCL (Bagua's compressed allreduce): one bucket of device floats summed over the ranks in
-// 8-bit min-max quantised form (the codec of algo/quantize.hpp, on the GPU: algo/cuda/quantize.hpp), about a
-// quarter of the bytes of a float allreduce.
+// 8-bit min-max quantised form (the format of algo/quantize.hpp's codec, on the GPU: comm/nccl/quantize.hpp),
+// about a quarter of the bytes of a float allreduce.
 //
 // Everything is enqueued on the NCCL backend's communication stream; the host never waits:
 //   1. the bucket is cut into size() segments (the last ones shorter or empty); segment k is encoded for

@@ -1,4 +1,4 @@
-#include "sinew/comm/nccl/fake.hpp"
+#include "nccl_fake.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

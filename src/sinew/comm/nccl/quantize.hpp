@@ -1,7 +1,8 @@
-// ByteGrad's 8-bit chunked codec on the GPU, with the wire format of the CPU codec (algo/quantize.hpp):
+// ByteGrad's 8-bit chunked codec on the GPU, for ByteGrad over NCCL (bytegrad.hpp). Its wire format is the
+// 8-bit format of the CPU codec (algo/quantize.hpp, one layer up, which this header must not include):
 // ceil(n / chunk) headers {float min; float scale}, then n one-byte codes; same grid (zero on the grid
 // when a chunk's range holds it, 254 steps then, else 255), same 16-significant-bit step, same rounding.
-// A buffer encoded on the GPU decodes on the CPU and the other way round.
+// A buffer encoded on the GPU decodes on the CPU and the other way round (tests/cuda/quantize_test.cpp).
 //
 // Equality with the CPU codec:
 //   * decode and decode_add give bit-identical floats (code * scale is exact, so fused or not, the sum
@@ -17,17 +18,24 @@
 //     The GPU writes the header {NaN, NaN} and codes 0, so that the whole chunk decodes to NaN: the
 //     divergence reaches the parameters and the loss instead of being silently clipped.
 //
-// All three functions only enqueue work on stream `s` (no synchronisation) and throw InvalidArgument for
-// chunk 0 (as the CPU codec does), CudaError if the launch fails. Pointers are device memory; `out` of
-// encode holds algo::encoded_bytes(n, chunk) bytes and any alignment is fine (the headers may sit at any
-// byte offset of a larger message). n == 0 does nothing.
+// The three codec functions only enqueue work on stream `s` (no synchronisation) and throw InvalidArgument
+// for chunk 0 (as the CPU codec does), CudaError if the launch fails. Pointers are device memory; `out` of
+// encode holds encoded_bytes(n, chunk) bytes and any alignment is fine (the headers may sit at any byte
+// offset of a larger message). n == 0 does nothing.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 
-namespace sinew::algo::cuda {
+namespace sinew::comm::nccl {
+
+/// Bytes of one chunk's header {float min; float scale}.
+inline constexpr std::size_t kChunkHeaderBytes = 2 * sizeof(float);
+
+/// Bytes of the encoding of `n` floats in chunks of `chunk` elements: the CPU codec's
+/// algo::encoded_bytes(n, chunk, 8). Throws InvalidArgument for chunk 0.
+[[nodiscard]] std::size_t encoded_bytes(std::size_t n, std::size_t chunk);
 
 /// Encodes the n floats at x (device) into out (device, encoded_bytes(n, chunk) bytes), on stream s.
 void encode(const float* x, std::size_t n, std::size_t chunk, std::byte* out, cudaStream_t s);
@@ -36,4 +44,4 @@ void decode(const std::byte* in, std::size_t n, std::size_t chunk, float* out, c
 /// As decode, but out += decoded: one pass to sum a peer's contribution into a buffer.
 void decode_add(const std::byte* in, std::size_t n, std::size_t chunk, float* out, cudaStream_t s);
 
-}  // namespace sinew::algo::cuda
+}  // namespace sinew::comm::nccl

@@ -6,12 +6,12 @@
 #include <cstdint>
 #include <cstring>
 
-#include "sinew/algo/cuda/kernels.hpp"
+#include "sinew/comm/nccl/quantize_kernels.hpp"
 
-namespace sinew::algo::cuda::detail {
+namespace sinew::comm::nccl::detail {
 namespace {
 
-constexpr std::size_t kHeaderBytes = 2 * sizeof(float);  // algo::kChunkHeaderBytes
+constexpr std::size_t kHeaderBytes = 2 * sizeof(float);  // kChunkHeaderBytes (quantize.hpp)
 constexpr unsigned kMaxEncodeThreads = 256;
 constexpr unsigned kDecodeThreads = 256;
 // Grid-stride loops cover the rest: more blocks than this only add scheduling overhead.
@@ -63,7 +63,7 @@ __global__ void encode_kernel(const float* __restrict__ x, std::size_t n, std::s
       const float range = __fsub_rn(mhi, mlo);
       float header[2];
       if (bad_s[0] != 0 || !isfinite(range)) {
-        // The CPU codec throws here; the chunk decodes to NaN instead (see quantize.hpp).
+        // The CPU codec throws here; the chunk decodes to NaN instead (see comm/nccl/quantize.hpp).
         header[0] = header[1] = __int_as_float(0x7fc00000);
         origin_s = 0.f;
         inv_s = 0.f;  // codes 0
@@ -147,4 +147,4 @@ void launch_decode(const std::byte* in, std::size_t n, std::size_t chunk, float*
   }
 }
 
-}  // namespace sinew::algo::cuda::detail
+}  // namespace sinew::comm::nccl::detail

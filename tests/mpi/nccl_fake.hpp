@@ -1,5 +1,6 @@
-// FakeApi: a TEST DOUBLE for NCCL and the CUDA calls of the NCCL backend, for tests and benchmarks on
-// machines without a GPU. It is not a transport to train with.
+// FakeApi: a TEST DOUBLE for NCCL and the CUDA calls of the NCCL backend (comm/nccl/api.hpp), for tests on
+// machines without a GPU. It is not a transport to train with, and it is not part of libsinew: it is the
+// test-only static library sinew_nccl_fake (tests/mpi/CMakeLists.txt), linked by the tests that use it.
 //
 // It is a real multi-process stand-in: the ranks of a communicator meet in a POSIX shared-memory segment
 // named after the unique id (/dev/shm/sinew-fake-nccl-<hex>), so that an MPI job of several processes can
