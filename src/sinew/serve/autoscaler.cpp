@@ -410,12 +410,16 @@ void Autoscaler::start_teacher(double now, const Observation& o, const std::stri
   posix_spawn_file_actions_addclosefrom_np(&files, 3);
 #endif
   pid_t pid = 0;
+  // Counted before the teacher exists: once spawned it may register (and be seen in the registry) before
+  // this thread runs again, and running() must not lag behind the registry. Undone if the spawn fails.
+  running_.fetch_add(1);
   const int rc = ::posix_spawnp(&pid, argv.front(), &files, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attr);
   last_change_s_ = now;
   const std::string cpu = opt_.cpus.empty() ? std::string() : opt_.cpus[static_cast<std::size_t>(slot)];
   if (rc != 0) {
+    running_.fetch_sub(1);
     last_unexpected_exit_s_ = now;
     spdlog::error("autoscale: cannot start the teacher command {}: {}", fmt::join(args, " "), errno_text(rc));
     event(now, "exited", o, fmt::format("posix_spawn: {}", errno_text(rc)), 0, cpu);
@@ -426,7 +430,6 @@ void Autoscaler::start_teacher(double now, const Observation& o, const std::stri
   c.slot = slot;
   c.started_s = now;
   children_.push_back(c);
-  running_.fetch_add(1);
   if (o.teachers > 0 && o.students > 0 && o.demand > 0) {
     probe_ = Probe{pid, o.demand, o.students, o.teachers};
   } else {
@@ -444,12 +447,13 @@ void Autoscaler::stop_teacher(double now, const Observation& o, const std::strin
     if (!c.stopping && (last == nullptr || c.started_s >= last->started_s)) last = &c;
   }
   if (last == nullptr) return;
-  // SIGTERM: the teacher revokes its lease on the way out, so the students drop it at once.
-  ::kill(last->pid, SIGTERM);
+  // Counted as stopped before the signal: the teacher may leave the registry before this thread runs again.
   last->stopping = true;
   last->stop_sent_s = now;
   last_change_s_ = now;
   running_.fetch_sub(1);
+  // SIGTERM: the teacher revokes its lease on the way out, so the students drop it at once.
+  ::kill(last->pid, SIGTERM);
   const std::string cpu = opt_.cpus.empty() ? std::string() : opt_.cpus[static_cast<std::size_t>(last->slot)];
   spdlog::info("autoscale: stopping teacher pid {} ({} running): {}", last->pid, running(), reason);
   event(now, "stop", o, reason, last->pid, cpu);
@@ -494,10 +498,10 @@ void Autoscaler::stop_all() {
   const double now = now_s();
   for (auto& c : children_) {
     if (c.stopping) continue;
-    ::kill(c.pid, SIGTERM);
-    c.stopping = true;
+    c.stopping = true;  // counted before the signal, as in stop_teacher()
     c.stop_sent_s = now;
     running_.fetch_sub(1);
+    ::kill(c.pid, SIGTERM);
     event(now, "stop", last_, "the autoscaler exits", c.pid,
           opt_.cpus.empty() ? std::string() : opt_.cpus[static_cast<std::size_t>(c.slot)]);
   }

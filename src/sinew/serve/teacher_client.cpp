@@ -120,9 +120,13 @@ TeacherClient::TeacherClient(std::string address, std::string token) : impl_(std
   args.SetMaxReceiveMessageSize(-1);
   // A broken connection is retried soon: a teacher that was briefly unreachable is used again within
   // about a second, not after gRPC's default backoff of up to two minutes. Calls in between fail at once
-  // (UNAVAILABLE), and the student asks another teacher.
+  // (UNAVAILABLE), and the student asks another teacher. gRPC core also takes the *minimum* backoff as
+  // the minimum time it gives one connection attempt (its MIN_CONNECT_TIMEOUT, doc/connection-backoff.md):
+  // at 100 ms, a TCP + HTTP/2 handshake on a loaded machine was abandoned ("tcp handshaker shutdown",
+  // 3 of 100 runs of serve.teacher with two busy loops on two cores); 2 s lets a slow handshake finish and
+  // still gives up on an unreachable host long before a call's own deadline would matter twice.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Plaintext, as MPI's own traffic: teachers and students run on one trusted cluster network.
   impl_->channel = grpc::CreateCustomChannel(impl_->address, grpc::InsecureChannelCredentials(), args);

@@ -279,6 +279,15 @@ struct TeacherServer::Impl final : rpc::Teacher::CallbackService {
       return;
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    // Counted before any reply goes out: a student that got its logits and then asks Info (or reads the
+    // registry, which publishes info()) must see this pass in the statistics.
+    {
+      const std::lock_guard lk(rate_mu);
+      decayed_samples = kRateDecay * decayed_samples + static_cast<double>(indices.size());
+      decayed_seconds = kRateDecay * decayed_seconds + seconds;
+      requests += batch.size();
+      ++forward_passes;
+    }
     const auto classes = static_cast<std::size_t>(model->classes());
     std::size_t column = 0;
     for (const auto& p : batch) {
@@ -291,11 +300,6 @@ struct TeacherServer::Impl final : rpc::Teacher::CallbackService {
       p.reactor->Finish(grpc::Status::OK);
       column += count;
     }
-    const std::lock_guard lk(rate_mu);
-    decayed_samples = kRateDecay * decayed_samples + static_cast<double>(indices.size());
-    decayed_seconds = kRateDecay * decayed_seconds + seconds;
-    requests += batch.size();
-    ++forward_passes;
   }
 };
 

@@ -50,7 +50,8 @@ class TeacherServer {
   /// Where students reach it: "host:port", the listen host (this host's name for a wildcard address such as
   /// 0.0.0.0) with the port chosen.
   [[nodiscard]] const std::string& address() const;
-  /// What the Info call answers (with address()).
+  /// What the Info call answers (with address()). A forward pass is counted (requests, forward_passes,
+  /// samples_per_s) before its requests are answered: a caller whose infer() returned sees it here.
   [[nodiscard]] TeacherInfo info() const;
   /// The checkpoint served (resolved: a checkpoint directory, never a root).
   [[nodiscard]] const std::string& checkpoint() const;
