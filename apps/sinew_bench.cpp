@@ -52,6 +52,7 @@
 #include "sinew/core/log.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/dataset.hpp"
+#include "sinew/model/workload.hpp"
 #include "sinew/mpi/check.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/trainer.hpp"
@@ -177,7 +178,7 @@ int bench_allreduce(const std::vector<std::string>& args, const mpi::Communicato
     std::vector<float> buf(count);
     // Gradient ranges as backward would report them: last "layer" first, each adjacent to the previous.
     const std::size_t layer = std::max<std::size_t>(layer_kib * 1024 / sizeof(float), 1);
-    std::vector<comm::Range> ranges;
+    std::vector<Slice> ranges;
     for (std::size_t end = count; end > 0;) {
       const std::size_t len = std::min(layer, end);
       ranges.push_back({end - len, len});
@@ -332,8 +333,8 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
   warm.max_steps = warmup_steps;
   warm.checkpoint_dir.clear();
   warm.checkpoint_every = 0;
-  train::Trainer(warm, world).run();
-  const auto s = train::Trainer(c, world).run();
+  train::Trainer(warm, world, model::make_workload).run();
+  const auto s = train::Trainer(c, world, model::make_workload).run();
   if (world.rank() == 0) {
     std::printf("# sinew-bench train-step: %s on %s, %d ranks x batch %zu, %s, %lld steps\n", c.model.c_str(),
                 c.dataset.c_str(), world.size(), c.batch_size, c.optimizer.c_str(),

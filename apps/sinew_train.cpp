@@ -10,6 +10,7 @@
 #include "sinew/core/launch.hpp"
 #include "sinew/core/log.hpp"
 #include "sinew/membership/group.hpp"
+#include "sinew/model/workload.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/serve/service_source.hpp"
 #include "sinew/train/control.hpp"
@@ -85,7 +86,8 @@ int main(int argc, char** argv) {
     }
     int code = 0;
     {
-      sinew::train::Trainer trainer(cfg, std::move(group), sinew::serve::service_source);
+      sinew::train::Trainer trainer(cfg, std::move(group), sinew::model::make_workload,
+                                    sinew::serve::service_source);
       const auto s = trainer.run();
       if (!s.left && trainer.rank() == 0) {
         if (!s.below_min_ranks) {

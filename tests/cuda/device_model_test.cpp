@@ -44,13 +44,12 @@ Batch random_batch(std::size_t n, unsigned seed) {
 }
 
 /// Host forward + loss + backward, as the trainer does it.
-float host_step(Model& m, const Batch& b, double denominator, bool accumulate,
-                std::vector<ParamRange>* ranges) {
+float host_step(Model& m, const Batch& b, double denominator, bool accumulate, std::vector<Slice>* ranges) {
   Matrix dlogits;
   const float loss = softmax_cross_entropy(m.forward(b.x), b.labels, dlogits, denominator);
   m.backward(
       dlogits,
-      [&](ParamRange r) {
+      [&](Slice r) {
         if (ranges != nullptr) ranges->push_back(r);
       },
       accumulate);
@@ -100,13 +99,13 @@ TEST_P(DeviceModelTest, LossGradientsAndReadyRangesMatchTheHost) {
 
   const Batch b = random_batch(37, 1);
   const double denominator = 100;  // the global batch: larger than this rank's 37 samples
-  std::vector<ParamRange> host_ranges;
+  std::vector<Slice> host_ranges;
   const float host_loss = host_step(host, b, denominator, false, &host_ranges);
   EXPECT_EQ(host_ranges, host.grad_ready_order());
 
-  std::vector<ParamRange> dev_ranges;
+  std::vector<Slice> dev_ranges;
   const float dev_loss =
-      dev.train_batch(b.x.data(), b.labels.data(), 37, denominator, false, [&](ParamRange r, cudaEvent_t e) {
+      dev.train_batch(b.x.data(), b.labels.data(), 37, denominator, false, [&](Slice r, cudaEvent_t e) {
         EXPECT_NE(e, nullptr);
         dev_ranges.push_back(r);
       });
@@ -134,9 +133,9 @@ TEST_P(DeviceModelTest, EmptyBatchZeroesOrKeepsTheGradientsAndReportsEveryRange)
   const Batch b = random_batch(9, 4);
   (void)dev.train_batch(b.x.data(), b.labels.data(), 9, 9, false);
   const auto before = grads_of(dev);
-  std::vector<ParamRange> ranges;
+  std::vector<Slice> ranges;
   EXPECT_EQ(
-      dev.train_batch(nullptr, nullptr, 0, 64, true, [&](ParamRange r, cudaEvent_t) { ranges.push_back(r); }),
+      dev.train_batch(nullptr, nullptr, 0, 64, true, [&](Slice r, cudaEvent_t) { ranges.push_back(r); }),
       0.f);
   EXPECT_EQ(ranges, host.grad_ready_order());
   EXPECT_EQ(grads_of(dev), before);

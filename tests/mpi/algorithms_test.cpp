@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/flat_workload.hpp"
 #include "sinew/algo/algorithm.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/optim/optimizer.hpp"
@@ -151,29 +152,28 @@ void put(std::vector<float>& to, const std::vector<float>& from) {
 /// sized once: the algorithm holds spans of them.
 struct Rig {
   Rig(algo::AlgorithmOptions opts, const optim::OptimizerOptions& oo, std::vector<float> p,
-      std::vector<float> g, std::vector<algo::TensorShape> tensors = {})
+      std::vector<float> g, std::vector<TensorView> tensors = {})
       : backend(mpi::Communicator::borrow(MPI_COMM_WORLD)),
-        params(std::move(p)),
-        grads(std::move(g)),
-        optimizer(optim::make_optimizer(oo, params.size())) {
+        work(std::move(p), std::move(g), oo, std::move(tensors)),
+        params(work.param_vector()),
+        grads(work.grad_vector()),
+        optimizer(&work.optimizer()) {
     comm::Options op;
     op.timeout = 30s;  // a hang fails the test long before ctest's deadline
-    algorithm = algo::make_algorithm(opts, algo::Context{.backend = backend,
-                                                         .params = std::span<float>(params),
-                                                         .grads = std::span<float>(grads),
-                                                         .optimizer = *optimizer,
-                                                         .op = op,
-                                                         .compute_ms = [] { return 1.0; },
-                                                         .event = {},
-                                                         .tensors = std::move(tensors)});
+    algorithm = algo::make_algorithm(
+        opts,
+        algo::Context{
+            .backend = backend, .workload = work, .op = op, .compute_ms = [] { return 1.0; }, .event = {}});
   }
   [[nodiscard]] int rank() const { return backend.rank(); }
   [[nodiscard]] int size() const { return backend.size(); }
   std::vector<float> state(const std::string& name) { return state_of(*optimizer, name); }
 
   comm::mpi::MpiBackend backend;
-  std::vector<float> params, grads;
-  std::unique_ptr<optim::Optimizer> optimizer;
+  test_support::FlatWorkload work;
+  std::vector<float>& params;  // the workload's
+  std::vector<float>& grads;
+  optim::Optimizer* optimizer;
   std::unique_ptr<algo::Algorithm> algorithm;  // last: destroyed first (async's thread uses the rest)
 };
 
@@ -186,7 +186,7 @@ optim::OptimizerOptions sgd(float momentum) {
 
 algo::AlgorithmOptions named(const std::string& name) {
   algo::AlgorithmOptions o;
-  o.name = name;
+  o.kind = parse_name(algo::kAlgorithmNames, name, "test");
   return o;
 }
 
@@ -303,7 +303,10 @@ namespace {
 
 // kParams floats as layers: a 40 x 20 matrix and its bias, a 10 x 18 matrix and its bias. Rank 2 compresses
 // both matrices ((40 + 20) * 2 * 2 <= 800, (10 + 18) * 2 * 2 <= 180).
-const std::vector<algo::TensorShape> kLayers = {{0, 40, 20}, {800, 20, 1}, {820, 10, 18}, {1000, 3, 1}};
+const std::vector<TensorView> kLayers = {{"fc1/weight", "params", 0, {40, 20}, ""},
+                                         {"fc1/bias", "params", 800, {20}, ""},
+                                         {"fc2/weight", "params", 820, {10, 18}, ""},
+                                         {"fc2/bias", "params", 1000, {3}, ""}};
 
 /// Two buckets of whole layers, the last layer's first, as the bucketer hands them over.
 void reduce_layers(Rig& r, std::int64_t step) {
@@ -318,10 +321,10 @@ void reduce_layers(Rig& r, std::int64_t step) {
 std::vector<float> rank_one_grads(int rank) {
   std::vector<float> g = values(dyadic, 31, rank);
   for (const auto& t : kLayers) {
-    if (t.cols == 1) continue;
-    for (std::size_t i = 0; i < t.rows; ++i) {
-      for (std::size_t j = 0; j < t.cols; ++j) {
-        g[t.offset + i * t.cols + j] = dyadic(37, rank, i) * (dyadic(41, 0, j) + 2.f);
+    if (t.cols() == 1) continue;
+    for (std::size_t i = 0; i < t.rows(); ++i) {
+      for (std::size_t j = 0; j < t.cols(); ++j) {
+        g[t.offset + i * t.cols() + j] = dyadic(37, rank, i) * (dyadic(41, 0, j) + 2.f);
       }
     }
   }
@@ -367,8 +370,8 @@ TEST(PowerSGD, ARankOneSumComesThroughWithVectorsExactAtAFractionOfTheBytes) {
       r.grads, [&](std::size_t i) { return exact[i]; },
       [&](std::size_t i) { return 1e-5 * (1 + std::abs(exact[i])) * n; }, "the approximated sum");
   for (const auto& t : kLayers) {
-    if (t.cols != 1) continue;
-    for (std::size_t i = t.offset; i < t.offset + t.rows; ++i) EXPECT_EQ(r.grads[i], exact[i]) << i;
+    if (t.cols() != 1) continue;
+    for (std::size_t i = t.offset; i < t.offset + t.rows(); ++i) EXPECT_EQ(r.grads[i], exact[i]) << i;
   }
   expect_same_on_every_rank(r.grads, "reduced gradients");
   // P and Q of both matrices plus the 23 bias elements, against every element in an exact allreduce.

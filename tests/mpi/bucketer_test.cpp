@@ -10,8 +10,8 @@ using namespace sinew;
 
 namespace {
 /// Ranges as backward reports them: the last "layer" first, with uneven sizes.
-std::vector<comm::Range> layer_ranges(const std::vector<std::size_t>& sizes) {
-  std::vector<comm::Range> out;
+std::vector<Slice> layer_ranges(const std::vector<std::size_t>& sizes) {
+  std::vector<Slice> out;
   std::size_t end = 0;
   for (auto s : sizes) end += s;
   for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {

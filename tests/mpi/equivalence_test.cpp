@@ -1,7 +1,7 @@
 // Data parallelism is exact: N ranks x batch b give the same weights as 1 rank x batch N*b after k steps.
 #include <gtest/gtest.h>
 
-#include "sinew/model/model.hpp"
+#include "sinew/model/workload.hpp"
 #include "sinew/train/trainer.hpp"
 
 using namespace sinew;
@@ -35,15 +35,15 @@ void expect_same_as_single_rank(const std::string& optimizer, const std::string&
   c.model = model;
   if (optimizer == "adam") c.lr = 0.005f;
   c.batch_size = 8;
-  train::Trainer parallel(c, world);
+  train::Trainer parallel(c, world, model::make_workload);
   parallel.run();
   if (world.rank() != 0) return;
   train::Config single = c;
   single.batch_size = 8 * static_cast<std::size_t>(n);
-  train::Trainer alone(single, mpi::Communicator::borrow(MPI_COMM_SELF));
+  train::Trainer alone(single, mpi::Communicator::borrow(MPI_COMM_SELF), model::make_workload);
   alone.run();
-  const auto a = parallel.model().params();
-  const auto b = alone.model().params();
+  const auto a = parallel.workload().params();
+  const auto b = alone.workload().params();
   ASSERT_EQ(a.size(), b.size());
   float max_diff = 0, max_abs = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {

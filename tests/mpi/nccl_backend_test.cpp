@@ -1,4 +1,4 @@
-// The NCCL backend without a GPU: over 2-4 MPI ranks with the fake NCCL (comm/nccl/fake.hpp), which runs
+// The NCCL backend without a GPU: over 2-4 MPI ranks with the fake NCCL (nccl_fake.hpp), which runs
 // the real protocol over shared memory. Bootstrap and collectives, the overlap of DeviceBucketer (events ->
 // buckets, in order), and, with ULFM, a rank killed inside an NCCL collective: the survivors must get a
 // CommFailure within milliseconds (not at the 300 s deadline), abort NCCL, shrink the group and rebuild,
@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "mpi_test_main.hpp"
+#include "nccl_fake.hpp"
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/comm/nccl/backend.hpp"
 #include "sinew/comm/nccl/bucketer.hpp"
-#include "sinew/comm/nccl/fake.hpp"
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
@@ -39,7 +39,6 @@
 using namespace sinew;
 using comm::Buffer;
 using comm::DType;
-using comm::Range;
 using comm::ReduceOp;
 using comm::mpi::MpiBackend;
 using comm::nccl::DeviceBucketer;
@@ -266,8 +265,8 @@ TEST(NcclFake, BucketerEnqueuesBucketsInOrderAsEventsArrive) {
     // Four layers of 10, 6, 4, 20 floats; backward reports the last layer first. With buckets of 16 floats
     // (comm::GradientBucketer's rules: ranges are merged while the bucket is below the target) that makes
     // {layer 3} alone (20 floats), then layers 2, 1, 0 (4 + 6 + 10 floats).
-    const std::vector<Range> forward{{0, 10}, {10, 6}, {16, 4}, {20, 20}};
-    std::vector<Range> backward(forward.rbegin(), forward.rend());
+    const std::vector<Slice> forward{{0, 10}, {10, 6}, {16, 4}, {20, 20}};
+    std::vector<Slice> backward(forward.rbegin(), forward.rend());
     DeviceBucketOptions o;
     o.bucket_bytes = 16 * sizeof(float);
     o.op.timeout = std::chrono::seconds(20);
@@ -444,14 +443,14 @@ TEST(NcclFakeFailure, KilledPeerThatNcclNeverReportsEndsByTheMpiView) {
   o.bucket_bytes = 16 * sizeof(float);
   o.op.timeout = kOpTimeout;
   DeviceBucketer bucketer(*nccl, grads.data(), grads.size(), {{32, 16}, {16, 16}, {0, 16}}, o);
-  for (const auto& r : {Range{32, 16}, Range{16, 16}, Range{0, 16}}) bucketer.mark_ready(r, nullptr);
+  for (const auto& r : {Slice{32, 16}, Slice{16, 16}, Slice{0, 16}}) bucketer.mark_ready(r, nullptr);
   bucketer.finish();
   EXPECT_EQ(grads, std::vector<float>(48, static_cast<float>(n)));
   if (group.rank() == kVictim) kill_self_soon();
 
   const auto start = Clock::now();
   try {
-    for (const auto& r : {Range{32, 16}, Range{16, 16}, Range{0, 16}}) bucketer.mark_ready(r, nullptr);
+    for (const auto& r : {Slice{32, 16}, Slice{16, 16}, Slice{0, 16}}) bucketer.mark_ready(r, nullptr);
     bucketer.finish();
     ADD_FAILURE() << "the buckets completed without the killed rank";
   } catch (const Timeout& e) {

@@ -93,7 +93,7 @@ TEST(NcclGpu, BucketerWaitsForEventsOfAnotherStream) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
   std::vector<cudaEvent_t> events(4);
   for (auto& e : events) ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
-  const std::vector<comm::Range> backward{{3072, 1024}, {2048, 1024}, {1024, 1024}, {0, 1024}};
+  const std::vector<Slice> backward{{3072, 1024}, {2048, 1024}, {1024, 1024}, {0, 1024}};
   comm::nccl::DeviceBucketOptions o;
   o.bucket_bytes = 2048 * sizeof(float);
   comm::nccl::ByteGrad bytegrad(nccl, n, 256);

@@ -9,7 +9,7 @@
 #include "sinew/checkpoint/catalog.hpp"
 #include "sinew/checkpoint/reader.hpp"
 #include "sinew/core/error.hpp"
-#include "sinew/model/model.hpp"
+#include "sinew/model/workload.hpp"
 #include "sinew/train/trainer.hpp"
 
 using namespace sinew;
@@ -35,8 +35,8 @@ train::Config config(const std::string& dir) {
   return c;
 }
 
-std::vector<float> params_of(const train::Trainer& t) {
-  auto p = t.model().params();
+std::vector<float> params_of(train::Trainer& t) {
+  auto p = t.workload().params();
   return {p.begin(), p.end()};
 }
 }  // namespace
@@ -46,15 +46,15 @@ TEST(Resume, ContinuedRunEqualsUninterruptedRun) {
   SharedTempDir a(MPI_COMM_WORLD), b(MPI_COMM_WORLD);
   train::Config c = config(a.path());
   c.max_steps = 14;  // crosses the epoch boundary (300 samples / (W * 8) steps per epoch)
-  train::Trainer full(c, world);
+  train::Trainer full(c, world, model::make_workload);
   const auto s_full = full.run();
 
   train::Config first = config(b.path());
   first.max_steps = 5;
-  train::Trainer(first, world).run();
+  train::Trainer(first, world, model::make_workload).run();
   train::Config rest = config(b.path());
   rest.max_steps = 14;
-  train::Trainer resumed(rest, world);
+  train::Trainer resumed(rest, world, model::make_workload);
   const auto s_rest = resumed.run();
 
   EXPECT_EQ(s_rest.steps, s_full.steps);
@@ -75,10 +75,10 @@ TEST(Resume, SameConfigurationGivesIdenticalWeights) {
   SharedTempDir a(MPI_COMM_WORLD), b(MPI_COMM_WORLD);
   train::Config c = config(a.path());
   c.max_steps = 14;
-  train::Trainer t1(c, world);
+  train::Trainer t1(c, world, model::make_workload);
   t1.run();
   c.checkpoint_dir = b.path();
-  train::Trainer t2(c, world);
+  train::Trainer t2(c, world, model::make_workload);
   t2.run();
   EXPECT_EQ(params_of(t1), params_of(t2));
 }
@@ -97,7 +97,7 @@ TEST(Resume, FourThenTwoThenThreeRanks) {
   c.max_steps = 6;
   std::vector<float> after1;
   {
-    train::Trainer t(c, mpi::Communicator::borrow(MPI_COMM_WORLD));
+    train::Trainer t(c, mpi::Communicator::borrow(MPI_COMM_WORLD), model::make_workload);
     samples += t.run().samples;
     after1 = params_of(t);
   }
@@ -107,7 +107,7 @@ TEST(Resume, FourThenTwoThenThreeRanks) {
   std::int64_t phase2_samples = 0;
   if (two != MPI_COMM_NULL) {
     c.max_steps = 12;
-    train::Trainer t(c, mpi::Communicator(two));
+    train::Trainer t(c, mpi::Communicator(two), model::make_workload);
     EXPECT_EQ(params_of(t), after1) << "state restored at 2 ranks differs from what 4 ranks saved";
     phase2_samples = t.run().samples;
   }
@@ -122,7 +122,7 @@ TEST(Resume, FourThenTwoThenThreeRanks) {
   std::int64_t phase3_samples = 0;
   if (three != MPI_COMM_NULL) {
     c.max_steps = 0;
-    train::Trainer t(c, mpi::Communicator(three));
+    train::Trainer t(c, mpi::Communicator(three), model::make_workload);
     EXPECT_EQ(params_of(t), saved2.tensors.at("params"))
         << "state restored at 3 ranks differs from the saved one";
     phase3_samples = t.run().samples;
@@ -142,15 +142,15 @@ TEST(Resume, MismatchedModelIsACheckpointError) {
   SharedTempDir dir(MPI_COMM_WORLD);
   train::Config c = config(dir.path());
   c.max_steps = 2;
-  train::Trainer(c, world).run();
+  train::Trainer(c, world, model::make_workload).run();
   c.model = "mlp:16";
-  EXPECT_THROW(train::Trainer(c, world), CheckpointError);
+  EXPECT_THROW(train::Trainer(c, world, model::make_workload), CheckpointError);
   c.model = "mlp:32";
   c.resume = dir.path() + "/ckpt-0000009999";
-  EXPECT_THROW(train::Trainer(c, world), CheckpointError);
+  EXPECT_THROW(train::Trainer(c, world, model::make_workload), CheckpointError);
   c.resume = "never";
   c.checkpoint_dir = dir.path();
-  train::Trainer fresh(c, world);  // ignores the existing checkpoints
+  train::Trainer fresh(c, world, model::make_workload);  // ignores the existing checkpoints
   EXPECT_EQ(fresh.run().steps, 2);
 }
 
@@ -161,10 +161,10 @@ TEST(Resume, AsyncCheckpointsEqualSynchronousOnes) {
   c.max_steps = 14;
   c.checkpoint_every = 3;
   c.checkpoint_keep = 0;
-  const auto s_sync = train::Trainer(c, world).run();
+  const auto s_sync = train::Trainer(c, world, model::make_workload).run();
   c.checkpoint_dir = b.path();
   c.checkpoint_async = true;
-  const auto s_async = train::Trainer(c, world).run();
+  const auto s_async = train::Trainer(c, world, model::make_workload).run();
   EXPECT_TRUE(s_sync.checkpoint_error.empty());
   EXPECT_TRUE(s_async.checkpoint_error.empty());
   const auto ea = checkpoint::scan(a.path(), true), eb = checkpoint::scan(b.path(), true);

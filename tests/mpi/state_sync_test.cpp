@@ -1,4 +1,4 @@
-// train::TrainState::synchronise over every rank of the world: after a change of membership every
+// train::ReplicatedState::synchronise over every rank of the world: after a change of membership every
 // member holds the same state. With a lockstep algorithm that is the most advanced member's; after a
 // failure with an algorithm whose ranks step on their own (rewind), the average of the rewound members'
 // agreed states, which a newcomer (step -1, no state, no rewind of its own) takes too.
@@ -11,9 +11,9 @@
 
 #include "sinew/comm/mpi/backend.hpp"
 #include "sinew/data/sampler.hpp"
-#include "sinew/model/model.hpp"
+#include "sinew/model/workload.hpp"
 #include "sinew/optim/optimizer.hpp"
-#include "sinew/train/state.hpp"
+#include "sinew/train/replicated_state.hpp"
 
 using namespace sinew;
 
@@ -23,10 +23,10 @@ namespace {
 /// `value(i)`.
 struct Member {
   Member()
-      : net(model::Model::build("mlp:8", model::Shape{1, 4, 4}, 3, 7)),
-        optimizer(optim::make_optimizer(optim::OptimizerOptions{}, net.params().size())),
+      : work(model::Model::build("mlp:8", model::Shape{1, 4, 4}, 3, 7),
+             optim::make_optimizer(optim::OptimizerOptions{}, 4 * 4 * 8 + 8 + 8 * 3 + 3), data, data),
         sampler(1000, 7),
-        state(net, *optimizer, sampler, 7) {}
+        state(work, sampler, 7) {}
 
   template <class F>
   void fill(F value) {
@@ -34,10 +34,10 @@ struct Member {
       for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value(i);
   }
 
-  model::Model net;
-  std::unique_ptr<optim::Optimizer> optimizer;
+  data::Dataset data;  // not read: the test fills the tensors itself
+  model::ModelWorkload work;
   data::DistributedSampler sampler;
-  train::TrainState state;
+  train::ReplicatedState state;
 };
 
 float agreed_value(int rank, std::size_t i) {
@@ -87,7 +87,7 @@ TEST(StateSync, RewoundMembersAverageTheirAgreedStatesAndANewcomerTakesIt) {
     }
   }
   // And bit for bit the same on every rank.
-  std::vector<float> mine(m.net.params().begin(), m.net.params().end());
+  std::vector<float> mine(m.work.params().begin(), m.work.params().end());
   std::vector<float> root = mine;
   MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   EXPECT_EQ(mine, root);

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "sinew/model/workload.hpp"
 #include "sinew/train/trainer.hpp"
 
 using namespace sinew;
@@ -20,7 +21,7 @@ TEST(Training, FashionMnistSubsetReaches80Percent) {
   c.batch_size = 32;
   c.lr = 0.05f;
   c.progress = false;
-  train::Trainer t(c, mpi::Communicator::borrow(MPI_COMM_WORLD));
+  train::Trainer t(c, mpi::Communicator::borrow(MPI_COMM_WORLD), model::make_workload);
   const auto s = t.run();
   // A 1-hidden-layer MLP reaches ~83-85% on this subset in 2 epochs; 80% leaves room for noise in the
   // subset, never for a broken gradient path (which stays near 10%).

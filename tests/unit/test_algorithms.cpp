@@ -1,6 +1,10 @@
 // Algorithm pieces that need no group: shift_one's pairing, and the option checks of --algorithm.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include <set>
 #include <utility>
 
@@ -53,11 +57,42 @@ TEST(ShiftOne, OddSizesLeaveOneRankOutPerRound) {
 }
 
 TEST(AlgorithmNames, MatchTheOptionsChoices) {
-  for (const auto& name : algo::algorithm_names()) {
+  for (const auto& [kind, name] : algo::kAlgorithmNames) {
     train::Config c;
-    c.algorithm = name;
-    if (name == "qadam") c.optimizer = "adam";
+    c.algorithm = kind;
+    if (kind == algo::Kind::kQAdam) c.optimizer = "adam";
     EXPECT_NO_THROW(train::validate(c)) << name;
+    // The command line takes every name of the one list, and its help lists each with its summary.
+    const std::string arg = "--algorithm=" + std::string(name);
+    const char* argv[] = {"sinew-train", arg.c_str(), "--optimizer",
+                          kind == algo::Kind::kQAdam ? "adam" : "sgd"};
+    const auto parsed = train::parse_command_line(4, argv);
+    ASSERT_TRUE(parsed.config.has_value()) << name;
+    EXPECT_EQ(parsed.config->algorithm, kind) << name;
+  }
+  const char* help[] = {"sinew-train", "--help"};
+  const std::string text = train::parse_command_line(2, help).text;
+  for (const auto& [kind, name] : algo::kAlgorithmNames)
+    EXPECT_NE(text.find(std::string(name) + ": "), std::string::npos) << name;
+}
+
+TEST(AlgorithmNames, EveryAlgorithmHasItsRowInTheDocs) {
+  std::ifstream in(std::string(SINEW_SOURCE_DIR) + "/docs/algorithms.md");
+  ASSERT_TRUE(in) << "docs/algorithms.md";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [kind, name] : algo::kAlgorithmNames)
+    EXPECT_NE(doc.find("| `" + std::string(name) + "` |"), std::string::npos)
+        << name << " has no row in the table";
+}
+
+TEST(AlgorithmNames, AnUnknownNameIsRefusedWithTheList) {
+  const char* argv[] = {"sinew-train", "--algorithm", "gossip"};
+  try {
+    (void)train::parse_command_line(3, argv);
+    ADD_FAILURE() << "accepted --algorithm gossip";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--algorithm"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("low_precision_decentralized"), std::string::npos) << e.what();
   }
 }
 
@@ -72,8 +107,7 @@ TEST(AlgorithmOptions, BadValuesAreNamed) {
       EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
     }
   };
-  bad([](train::Config& c) { c.algorithm = "qadam"; }, "--optimizer adam");
-  bad([](train::Config& c) { c.algorithm = "gossip"; }, "--algorithm");
+  bad([](train::Config& c) { c.algorithm = algo::Kind::kQAdam; }, "--optimizer adam");
   bad([](train::Config& c) { c.peer_selection = "two"; }, "--peer-selection");
   bad([](train::Config& c) { c.compress_chunk = 0; }, "--compress-chunk");
   bad([](train::Config& c) { c.comm_interval = 0; }, "--comm-interval");

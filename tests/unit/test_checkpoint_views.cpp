@@ -252,7 +252,7 @@ std::vector<float> forward_from_views(const json& model, const std::map<std::str
   return x;
 }
 
-// A model's views and description, as TrainState::snapshot() and the manifest writer store them: written
+// A model's views and description, as ReplicatedState::snapshot() and the manifest writer store them: written
 // into a file, read back with plain HDF5 and used for a forward pass that must give the model's logits.
 TEST_F(CheckpointViews, ModelViewsRebuildTheForwardPass) {
   for (const std::string spec : {"mlp:12,7", "cnn", "logreg"}) {
@@ -263,7 +263,7 @@ TEST_F(CheckpointViews, ModelViewsRebuildTheForwardPass) {
     const std::map<std::string, std::vector<float>> tensors = {
         {"params", std::vector<float>(params.begin(), params.end())}};
     std::vector<TensorView> views;
-    for (const model::ParamView& v : net.param_views()) {
+    for (const TensorView& v : net.param_views()) {
       views.push_back({v.name, "params", v.offset, {v.shape.begin(), v.shape.end()}, v.layout});
     }
     const std::string file = "m-" + std::string(1, spec[0]) + ".h5";
@@ -311,7 +311,7 @@ TEST_F(CheckpointViews, ModelNamesLayersAndCoversItsParametersOnce) {
   EXPECT_EQ(names, (std::vector<std::string>{"conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "fc1",
                                              "relu3", "fc2"}));
   std::size_t next = 0;
-  for (const model::ParamView& v : net.param_views()) {
+  for (const TensorView& v : net.param_views()) {
     EXPECT_EQ(v.offset, next) << v.name;
     next += std::accumulate(v.shape.begin(), v.shape.end(), std::size_t{1}, std::multiplies<>());
   }

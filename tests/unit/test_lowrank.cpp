@@ -64,12 +64,16 @@ TEST(LowRank, SeededNormalIsDeterministicAndStandard) {
 
 TEST(LowRank, FactorsAndFloatsOfTheFashionMnistMlp) {
   // mlp 784-512-512-10 as the trainer describes it: (in, out) weights, then the biases.
-  const std::vector<algo::TensorShape> t = {{0, 784, 512},    {401408, 512, 1},  {401920, 512, 512},
-                                            {664064, 512, 1}, {664576, 512, 10}, {669696, 10, 1}};
+  const std::vector<TensorView> t = {
+      {"fc1/weight", "params", 0, {784, 512}, ""},      {"fc1/bias", "params", 401408, {512}, ""},
+      {"fc2/weight", "params", 401920, {512, 512}, ""}, {"fc2/bias", "params", 664064, {512}, ""},
+      {"fc3/weight", "params", 664576, {512, 10}, ""},  {"fc3/bias", "params", 669696, {10}, ""}};
   const auto f = algo::lowrank_factors(t, 4);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_EQ(f[0].q.size(), 512u * 4);
-  EXPECT_EQ(f[2].shape.offset, 664576u);
+  EXPECT_EQ(f[2].offset, 664576u);
+  EXPECT_EQ(f[2].rows, 512u);
+  EXPECT_EQ(f[2].cols, 10u);
   // Q is seeded per tensor: the same on every rank, different between tensors.
   EXPECT_EQ(f[0].q, algo::lowrank_factors(t, 4)[0].q);
   EXPECT_NE(std::vector<float>(f[0].q.begin(), f[0].q.begin() + 8),

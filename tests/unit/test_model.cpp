@@ -143,7 +143,7 @@ void check_model_gradients(Model& model, const Matrix& x, std::uint64_t seed, st
   std::vector<std::size_t> checked;
   for (std::size_t j = 0; j < model.num_params(); j += stride) checked.push_back(j);
   for (std::size_t i = 0; i < model.num_layers(); ++i) {
-    const ParamRange r = model.layer_params(i);
+    const Slice r = model.layer_params(i);
     if (r.count > 0) {
       checked.push_back(r.offset);
       checked.push_back(r.offset + r.count - 1);
@@ -350,7 +350,7 @@ TEST(Model, SeedDeterminesParameters) {
 
 TEST(Model, InitFollowsPytorchLinearDefault) {
   const Model m = Model::build("mlp:64", Shape{100, 1, 1}, 10, 5);
-  const ParamRange first = m.layer_params(0);
+  const Slice first = m.layer_params(0);
   const auto p = m.params().subspan(first.offset, first.count);
   const float bound = 0.1f;  // 1/sqrt(100)
   double sum = 0, sq = 0;
@@ -370,7 +370,7 @@ TEST(Model, GradReadyOrderCoversBufferInReverse) {
     const auto order = m.grad_ready_order();
     ASSERT_FALSE(order.empty());
     std::size_t end = m.num_params();
-    for (const ParamRange& r : order) {
+    for (const Slice& r : order) {
       EXPECT_GT(r.count, 0U);
       EXPECT_EQ(r.offset + r.count, end) << spec;
       end = r.offset;
@@ -395,9 +395,9 @@ TEST(Model, OnGradReadyReportsFinalGradsAsEarlyAsPossible) {
     // before it (the layers not yet back-propagated) must still be NaN: reporting is not delayed.
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::fill(model.grads().begin(), model.grads().end(), nan);
-    std::vector<ParamRange> reported;
+    std::vector<Slice> reported;
     std::vector<std::vector<float>> snapshots;
-    model.backward(dlogits, [&](ParamRange r) {
+    model.backward(dlogits, [&](Slice r) {
       const auto g = model.grads();
       for (std::size_t i = r.offset; i < r.offset + r.count; ++i) ASSERT_FALSE(std::isnan(g[i])) << i;
       // Everything before this range (layers not yet back-propagated) is still untouched.

@@ -65,13 +65,13 @@ void ring_sum(comm::ring::RingBackend& ring, std::span<float> v, const comm::Opt
 class GradientAllreduce final : public Algorithm {
  public:
   GradientAllreduce(Context ctx, AllreduceImpl impl) : Algorithm(std::move(ctx)), impl_(impl) {}
-  [[nodiscard]] std::string name() const override { return "gradient_allreduce"; }
+  [[nodiscard]] Kind kind() const override { return Kind::kGradientAllreduce; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
   [[nodiscard]] bool uses_backend_allreduce() const override { return impl_ == AllreduceImpl::kMpi; }
   void reduce_bucket(std::span<float> bucket, std::size_t) override { ring_sum(ring_, bucket, ctx_.op); }
   void step(std::int64_t s, float lr) override {
     if (impl_ == AllreduceImpl::kMpi)
-      stats_.bytes_sent += allreduce_bytes(ctx_.grads.size(), ctx_.backend.size());
+      stats_.bytes_sent += allreduce_bytes(grads_.size(), ctx_.backend.size());
     Algorithm::step(s, lr);
   }
 
@@ -90,8 +90,8 @@ class ByteGrad final : public Algorithm {
       : Algorithm(std::move(ctx)),
         chunk_(chunk),
         bits_(bits),
-        residual_(error_feedback ? ctx_.grads.size() : 0, 0.f) {}
-  [[nodiscard]] std::string name() const override { return "bytegrad"; }
+        residual_(error_feedback ? grads_.size() : 0, 0.f) {}
+  [[nodiscard]] Kind kind() const override { return Kind::kByteGrad; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
   void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
     std::span<float> res;
@@ -117,16 +117,12 @@ class ByteGrad final : public Algorithm {
 class QAdam final : public Algorithm {
  public:
   QAdam(Context ctx, const AlgorithmOptions& o)
-      : Algorithm(std::move(ctx)), o_(o), local_(ctx_.params.size()) {
-    for (auto& [name, buf] : ctx_.optimizer.state()) {
-      if (name == "adam_m") m_ = buf;
-      if (name == "adam_v") v_ = buf;
-    }
-    if (m_.empty() || v_.empty())
-      SINEW_THROW(InvalidArgument, "--algorithm qadam needs --optimizer adam (got {})",
-                  ctx_.optimizer.name());
-  }
-  [[nodiscard]] std::string name() const override { return "qadam"; }
+      : Algorithm(std::move(ctx)),
+        o_(o),
+        m_(ctx_.workload.optimizer_state("adam_m", "--algorithm qadam (Adam's first moment)")),
+        v_(ctx_.workload.optimizer_state("adam_v", "--algorithm qadam (Adam's second moment)")),
+        local_(params_.size()) {}
+  [[nodiscard]] Kind kind() const override { return Kind::kQAdam; }
   void begin_step(std::int64_t s) override { step_ = s; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
   void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
@@ -151,8 +147,8 @@ class QAdam final : public Algorithm {
     }
     SINEW_ENFORCE(exchanged_ == s, "qadam: step {} without its momentum exchange (begin_step {})", s, step_);
     const auto n = static_cast<float>(ctx_.backend.size());
-    const std::span<float> p = ctx_.params;
-    const std::int64_t t = ctx_.optimizer.steps() + 1;
+    const std::span<float> p = params_;
+    const std::int64_t t = ctx_.workload.optimizer_steps() + 1;
     const std::int64_t tv = std::min<std::int64_t>(t, std::max<std::int64_t>(o_.qadam_warmup_steps, 1));
     const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(tv));  // frozen v
@@ -162,7 +158,7 @@ class QAdam final : public Algorithm {
       m_[i] = local_[i] / n;
       p[i] -= step_size * m_[i] / (std::sqrt(v_[i]) * inv_sqrt_bc2 + o_.eps);
     }
-    ctx_.optimizer.set_steps(t);
+    ctx_.workload.set_optimizer_steps(t);
   }
 
  private:
@@ -194,9 +190,9 @@ class PowerSGD final : public Algorithm {
   PowerSGD(Context ctx, int rank, std::int64_t warmup_steps)
       : Algorithm(std::move(ctx)),
         warmup_(warmup_steps),
-        factors_(lowrank_factors(ctx_.tensors, rank)),
-        error_(ctx_.grads.size(), 0.f) {}
-  [[nodiscard]] std::string name() const override { return "powersgd"; }
+        factors_(lowrank_factors(ctx_.workload.views(), rank)),
+        error_(grads_.size(), 0.f) {}
+  [[nodiscard]] Kind kind() const override { return Kind::kPowerSgd; }
   void begin_step(std::int64_t s) override { step_ = s; }
   [[nodiscard]] bool reduces_gradients(std::int64_t) const override { return true; }
   void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
@@ -218,19 +214,19 @@ class PowerSGD final : public Algorithm {
     std::vector<Run> exact;
     std::size_t at = offset, p_floats = 0, q_floats = 0, exact_floats = 0;
     for (auto& f : factors_) {
-      const std::size_t f_end = f.shape.offset + f.shape.rows * f.shape.cols;
-      if (f_end <= offset || f.shape.offset >= end) continue;
-      if (f.shape.offset < offset || f_end > end) {
+      const std::size_t f_end = f.offset + f.rows * f.cols;
+      if (f_end <= offset || f.offset >= end) continue;
+      if (f.offset < offset || f_end > end) {
         SINEW_THROW(InvalidArgument,
                     "powersgd: the bucket [{}, {}) splits the matrix at [{}, {}); buckets must hold whole "
                     "layers",
-                    offset, end, f.shape.offset, f_end);
+                    offset, end, f.offset, f_end);
       }
-      if (f.shape.offset > at) exact.push_back({at - offset, f.shape.offset - at});
+      if (f.offset > at) exact.push_back({at - offset, f.offset - at});
       at = f_end;
       mine.push_back(&f);
-      p_floats += f.shape.rows * f.rank;
-      q_floats += f.shape.cols * f.rank;
+      p_floats += f.rows * f.rank;
+      q_floats += f.cols * f.rank;
     }
     if (at < end) exact.push_back({at - offset, end - at});
     for (const auto& e : exact) exact_floats += e.count;
@@ -240,9 +236,9 @@ class PowerSGD final : public Algorithm {
     second_.resize(q_floats);
     std::size_t p_at = 0;
     for (LowRankFactor* f : mine) {
-      const std::size_t rows = f->shape.rows, cols = f->shape.cols, r = f->rank;
-      float* g = ctx_.grads.data() + f->shape.offset;
-      const float* e = error_.data() + f->shape.offset;
+      const std::size_t rows = f->rows, cols = f->cols, r = f->rank;
+      float* g = grads_.data() + f->offset;
+      const float* e = error_.data() + f->offset;
       for (std::size_t i = 0; i < rows * cols; ++i) g[i] += e[i];  // M = gradient + memory, in place
       Map(first_.data() + p_at, ix(rows), ix(r)).noalias() =
           Map(g, ix(rows), ix(cols)) * Map(f->q.data(), ix(cols), ix(r));
@@ -264,10 +260,10 @@ class PowerSGD final : public Algorithm {
     p_at = 0;
     std::size_t q_at = 0;
     for (LowRankFactor* f : mine) {
-      const std::size_t rows = f->shape.rows, cols = f->shape.cols, r = f->rank;
+      const std::size_t rows = f->rows, cols = f->cols, r = f->rank;
       orthonormalize_columns(std::span<float>(first_).subspan(p_at, rows * r), rows, r);
       Map(second_.data() + q_at, ix(cols), ix(r)).noalias() =
-          Map(ctx_.grads.data() + f->shape.offset, ix(rows), ix(cols)).transpose() *
+          Map(grads_.data() + f->offset, ix(rows), ix(cols)).transpose() *
           Map(first_.data() + p_at, ix(rows), ix(r));
       p_at += rows * r;
       q_at += cols * r;
@@ -280,9 +276,9 @@ class PowerSGD final : public Algorithm {
     q_at = 0;
     const float share = 1.f / static_cast<float>(n);
     for (LowRankFactor* f : mine) {
-      const std::size_t rows = f->shape.rows, cols = f->shape.cols, r = f->rank;
-      float* g = ctx_.grads.data() + f->shape.offset;
-      float* e = error_.data() + f->shape.offset;
+      const std::size_t rows = f->rows, cols = f->cols, r = f->rank;
+      float* g = grads_.data() + f->offset;
+      float* e = error_.data() + f->offset;
       std::copy_n(second_.data() + q_at, cols * r, f->q.data());  // the warm start of the next step
       std::copy_n(g, rows * cols, e);
       Map(g, ix(rows), ix(cols)).noalias() =
@@ -316,7 +312,7 @@ class LocalSteps : public Algorithm {
   [[nodiscard]] bool lockstep() const final { return false; }
   void reduce_bucket(std::span<float>, std::size_t) final {}
   void step(std::int64_t s, float lr) final {
-    scale(ctx_.grads, static_cast<float>(ctx_.backend.size()));
+    scale(grads_, static_cast<float>(ctx_.backend.size()));
     Algorithm::step(s, lr);
   }
 
@@ -330,12 +326,12 @@ class LocalSteps : public Algorithm {
 class Decentralized final : public LocalSteps {
  public:
   Decentralized(Context ctx, bool shift_one, int interval)
-      : LocalSteps(std::move(ctx)), shift_one_(shift_one), interval_(interval), peer_(ctx_.params.size()) {}
-  [[nodiscard]] std::string name() const override { return "decentralized"; }
+      : LocalSteps(std::move(ctx)), shift_one_(shift_one), interval_(interval), peer_(params_.size()) {}
+  [[nodiscard]] Kind kind() const override { return Kind::kDecentralized; }
   void after_step(std::int64_t s) override {
     const int n = ctx_.backend.size();
     if (n == 1 || s % interval_ != 0) return;
-    const std::span<float> p = ctx_.params;
+    const std::span<float> p = params_;
     if (!shift_one_) {
       ctx_.backend.allreduce_sync(comm::Buffer::of(p), comm::ReduceOp::kSum, ctx_.op);
       scale(p, 1.f / static_cast<float>(n));
@@ -368,17 +364,17 @@ class LowPrecisionDecentralized final : public LocalSteps {
       : LocalSteps(std::move(ctx)),
         chunk_(chunk),
         interval_(interval),
-        self_(ctx_.params.size()),
-        left_(ctx_.params.size()),
-        right_(ctx_.params.size()),
-        diff_(ctx_.params.size()) {
+        self_(params_.size()),
+        left_(params_.size()),
+        right_(params_.size()),
+        diff_(params_.size()) {
     reset();
   }
-  [[nodiscard]] std::string name() const override { return "low_precision_decentralized"; }
+  [[nodiscard]] Kind kind() const override { return Kind::kLowPrecisionDecentralized; }
   void after_step(std::int64_t s) override {
     const int n = ctx_.backend.size();
     if (n == 1 || s % interval_ != 0) return;
-    const std::span<float> x = ctx_.params;
+    const std::span<float> x = params_;
     for (std::size_t i = 0; i < x.size(); ++i) diff_[i] = x[i] - self_[i];
     const std::size_t bytes = encoded_bytes(x.size(), chunk_);
     out_.resize(bytes);
@@ -409,7 +405,7 @@ class LowPrecisionDecentralized final : public LocalSteps {
   /// Exact estimates: a full-precision exchange with both neighbours.
   void reset() override {
     const int n = ctx_.backend.size();
-    std::copy(ctx_.params.begin(), ctx_.params.end(), self_.begin());
+    std::copy(params_.begin(), params_.end(), self_.begin());
     if (n == 1) return;
     const int r = ctx_.backend.rank(), left = (r + n - 1) % n, right = (r + 1) % n;
     const auto p = comm::Buffer::of(std::span<float>(self_));
@@ -442,10 +438,7 @@ class LowPrecisionDecentralized final : public LocalSteps {
 class Async final : public LocalSteps {
  public:
   Async(Context ctx, int interval_ms)
-      : LocalSteps(std::move(ctx)),
-        interval_(interval_ms),
-        sent_(ctx_.params.size()),
-        avg_(ctx_.params.size()) {
+      : LocalSteps(std::move(ctx)), interval_(interval_ms), sent_(params_.size()), avg_(params_.size()) {
     op_.tag = kTagAsync;
   }
   Async(const Async&) = delete;
@@ -464,7 +457,7 @@ class Async final : public LocalSteps {
     if (!thread_.joinable()) return;
     thread_.join();
   }
-  [[nodiscard]] std::string name() const override { return "async"; }
+  [[nodiscard]] Kind kind() const override { return Kind::kAsync; }
   void after_step(std::int64_t) override {
     // The thread starts with the first step over this group, so that it never runs next to the
     // collectives that build the group (connect, synchronise, a spawn).
@@ -477,11 +470,11 @@ class Async final : public LocalSteps {
       std::rethrow_exception(e);
     }
     if (state_ == State::kReduced) {
-      const std::span<float> p = ctx_.params;
+      const std::span<float> p = params_;
       for (std::size_t i = 0; i < p.size(); ++i) p[i] += avg_[i] - sent_[i];
       state_ = State::kIdle;
     } else if (state_ == State::kWantCopy) {
-      std::copy(ctx_.params.begin(), ctx_.params.end(), sent_.begin());
+      std::copy(params_.begin(), params_.end(), sent_.begin());
       state_ = State::kCopied;
     } else {
       return;
@@ -563,19 +556,27 @@ class Async final : public LocalSteps {
 
 // ---- auto ----------------------------------------------------------------------------------------------
 
-std::unique_ptr<Algorithm> make_named(const std::string& name, const AlgorithmOptions& o, Context ctx) {
-  if (name == "gradient_allreduce") return std::make_unique<GradientAllreduce>(std::move(ctx), o.allreduce);
-  if (name == "bytegrad")
-    return std::make_unique<ByteGrad>(std::move(ctx), o.chunk, o.error_feedback, o.bits);
-  if (name == "powersgd")
-    return std::make_unique<PowerSGD>(std::move(ctx), o.powersgd_rank, o.powersgd_warmup_steps);
-  if (name == "qadam") return std::make_unique<QAdam>(std::move(ctx), o);
-  if (name == "decentralized")
-    return std::make_unique<Decentralized>(std::move(ctx), o.peer_selection == "shift_one", o.comm_interval);
-  if (name == "low_precision_decentralized")
-    return std::make_unique<LowPrecisionDecentralized>(std::move(ctx), o.chunk, o.comm_interval);
-  if (name == "async") return std::make_unique<Async>(std::move(ctx), o.sync_interval_ms);
-  SINEW_THROW(InvalidArgument, "--algorithm: unknown algorithm '{}'", name);
+std::unique_ptr<Algorithm> make_named(Kind kind, const AlgorithmOptions& o, Context ctx) {
+  switch (kind) {
+    case Kind::kGradientAllreduce:
+      return std::make_unique<GradientAllreduce>(std::move(ctx), o.allreduce);
+    case Kind::kByteGrad:
+      return std::make_unique<ByteGrad>(std::move(ctx), o.chunk, o.error_feedback, o.bits);
+    case Kind::kPowerSgd:
+      return std::make_unique<PowerSGD>(std::move(ctx), o.powersgd_rank, o.powersgd_warmup_steps);
+    case Kind::kQAdam:
+      return std::make_unique<QAdam>(std::move(ctx), o);
+    case Kind::kDecentralized:
+      return std::make_unique<Decentralized>(std::move(ctx), o.peer_selection == "shift_one",
+                                             o.comm_interval);
+    case Kind::kLowPrecisionDecentralized:
+      return std::make_unique<LowPrecisionDecentralized>(std::move(ctx), o.chunk, o.comm_interval);
+    case Kind::kAsync:
+      return std::make_unique<Async>(std::move(ctx), o.sync_interval_ms);
+    case Kind::kAuto:
+      break;
+  }
+  SINEW_THROW(InternalError, "make_named: {} is not a concrete algorithm", name_of(kAlgorithmNames, kind));
 }
 
 /// `auto`: times our ring allreduce of a buffer as large as the gradients against one step's computation
@@ -587,12 +588,13 @@ std::unique_ptr<Algorithm> make_named(const std::string& name, const AlgorithmOp
 /// rate (docs/benchmarks.md), so those are not candidates.
 std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
   const int n = ctx.backend.size();
-  std::string choice = "gradient_allreduce", why;
+  Kind choice = Kind::kGradientAllreduce;
+  std::string why;
   double t[2] = {0, 0};  // allreduce ms, compute ms: the slowest rank's
   if (n == 1) {
     why = "a single rank communicates nothing";
   } else {
-    std::vector<float> probe(ctx.grads.size(), 1.f);
+    std::vector<float> probe(ctx.workload.grads().size(), 1.f);
     comm::ring::RingBackend ring(ctx.backend);
     ring_sum(ring, probe, ctx.op);  // warm-up: connections, pages
     std::vector<double> ms;
@@ -611,18 +613,19 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
       why = fmt::format("allreduce {:.1f} ms <= {:.1f} x compute {:.1f} ms", t[0], kExactBelow, t[1]);
     } else {
       // The shares of the exact allreduce's bytes that ByteGrad and PowerSGD send.
-      const auto total = static_cast<double>(ctx.grads.size());
+      const auto total = static_cast<double>(ctx.workload.grads().size());
       const double bytegrad = (1.0 + 2.0 * sizeof(float) / static_cast<double>(o.chunk)) / sizeof(float);
-      const double lowrank = static_cast<double>(powersgd_floats(
-                                 lowrank_factors(ctx.tensors, o.powersgd_rank), ctx.grads.size())) /
-                             total;
+      const double lowrank =
+          static_cast<double>(powersgd_floats(lowrank_factors(ctx.workload.views(), o.powersgd_rank),
+                                              ctx.workload.grads().size())) /
+          total;
       if (ratio * bytegrad <= kExactBelow || lowrank >= bytegrad) {
-        choice = "bytegrad";
+        choice = Kind::kByteGrad;
         o.error_feedback = true;
         why = fmt::format("allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms: 8-bit gradients", t[0], ratio,
                           t[1]);
       } else {
-        choice = "powersgd";
+        choice = Kind::kPowerSgd;
         why = fmt::format(
             "allreduce {:.1f} ms is {:.1f} x compute {:.1f} ms, {:.1f} x at 8 bits: rank-{} gradients, "
             "{:.1f} % "
@@ -633,10 +636,10 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
     o.allreduce = AllreduceImpl::kRing;
   }
   const double busbw =
-      t[0] > 0 ? static_cast<double>(allreduce_bytes(ctx.grads.size(), n)) / (t[0] / 1e3) : 0;
+      t[0] > 0 ? static_cast<double>(allreduce_bytes(ctx.workload.grads().size(), n)) / (t[0] / 1e3) : 0;
   if (ctx.event) {
     ctx.event({{"event", "algorithm"},
-               {"chosen", choice},
+               {"chosen", std::string(name_of(kAlgorithmNames, choice))},
                {"reason", why},
                {"world_size", n},
                {"allreduce_ms", t[0]},
@@ -648,14 +651,7 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
 
 }  // namespace
 
-const std::vector<std::string>& algorithm_names() {
-  static const std::vector<std::string> names = {
-      "gradient_allreduce",          "bytegrad", "qadam",    "decentralized",
-      "low_precision_decentralized", "async",    "powersgd", "auto"};
-  return names;
-}
-
-void Algorithm::step(std::int64_t, float lr) { ctx_.optimizer.step(ctx_.params, ctx_.grads, lr); }
+void Algorithm::step(std::int64_t, float lr) { ctx_.workload.optimizer_step(lr); }
 
 void Algorithm::after_step(std::int64_t) {}
 
@@ -667,13 +663,13 @@ void Algorithm::average_state() {
     scale(v, 1.f / static_cast<float>(n));
     stats_.bytes_sent += allreduce_bytes(v.size(), n);
   };
-  average(ctx_.params);
-  for (auto& [name, buf] : ctx_.optimizer.state()) average(buf);
+  average(params_);
+  for (auto& [name, buf] : ctx_.workload.optimizer_state()) average(buf);
 }
 
 std::unique_ptr<Algorithm> make_algorithm(const AlgorithmOptions& opts, Context ctx) {
-  if (opts.name == "auto") return make_auto(opts, std::move(ctx));
-  return make_named(opts.name, opts, std::move(ctx));
+  if (opts.kind == Kind::kAuto) return make_auto(opts, std::move(ctx));
+  return make_named(opts.kind, opts, std::move(ctx));
 }
 
 int shift_one_peer(int rank, int size, std::int64_t round) {

@@ -17,11 +17,13 @@
 // into an in-place recovery; an algorithm's background thread (async) stops when the object is destroyed.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,7 +32,7 @@
 #include "sinew/algo/collectives.hpp"
 #include "sinew/comm/backend.hpp"
 #include "sinew/core/names.hpp"
-#include "sinew/optim/optimizer.hpp"
+#include "sinew/workload/workload.hpp"
 
 namespace sinew::algo {
 
@@ -40,8 +42,73 @@ enum class AllreduceImpl : std::uint8_t { kMpi, kRing };
 inline constexpr sinew::NameTable<AllreduceImpl, 2> kAllreduceNames{
     {{AllreduceImpl::kMpi, "mpi"}, {AllreduceImpl::kRing, "ring"}}};
 
+/// The algorithms --algorithm names: this enumeration and kAlgorithms below are the one list of them;
+/// the option's parser, its help text, the factory and validate()'s checks all read it.
+enum class Kind : std::uint8_t {
+  kGradientAllreduce,
+  kByteGrad,
+  kQAdam,
+  kDecentralized,
+  kLowPrecisionDecentralized,
+  kAsync,
+  kPowerSgd,
+  kAuto,
+};
+inline constexpr NameTable<Kind, 8> kAlgorithmNames{
+    {{Kind::kGradientAllreduce, "gradient_allreduce"},
+     {Kind::kByteGrad, "bytegrad"},
+     {Kind::kQAdam, "qadam"},
+     {Kind::kDecentralized, "decentralized"},
+     {Kind::kLowPrecisionDecentralized, "low_precision_decentralized"},
+     {Kind::kAsync, "async"},
+     {Kind::kPowerSgd, "powersgd"},
+     {Kind::kAuto, "auto"}}};
+
+/// How an algorithm's gradient buckets are reduced when the gradients live in device memory
+/// (--device cuda): by what the algorithm declares, never by its name.
+enum class DeviceReduction : std::uint8_t {
+  kNone,       ///< the algorithm runs on the CPU only
+  kAllreduce,  ///< NCCL's sum allreduce of each bucket
+  kByteGrad,   ///< 8-bit min-max quantised exchange over NCCL (comm/nccl/bytegrad.hpp), no error feedback
+};
+
+/// What the list says of each algorithm.
+struct AlgorithmInfo {
+  Kind kind;
+  std::string_view summary;  ///< one line for --help and the docs' table
+  DeviceReduction device;    ///< its reduction on a GPU
+};
+inline constexpr std::array<AlgorithmInfo, 8> kAlgorithms{{
+    {Kind::kGradientAllreduce, "the exact baseline: every gradient bucket summed (--allreduce mpi | ring)",
+     DeviceReduction::kAllreduce},
+    {Kind::kByteGrad, "gradients reduced in 8, 4 or 2-bit min-max quantised form (Bagua), error feedback",
+     DeviceReduction::kByteGrad},
+    {Kind::kQAdam, "exact Adam for a warm-up, then quantised momenta exchanged (Bagua; --optimizer adam)",
+     DeviceReduction::kNone},
+    {Kind::kDecentralized, "local steps, then models averaged with all or one peer (--peer-selection)",
+     DeviceReduction::kNone},
+    {Kind::kLowPrecisionDecentralized, "local steps, 8-bit model differences with ring neighbours",
+     DeviceReduction::kNone},
+    {Kind::kAsync, "local steps while a background thread averages the models", DeviceReduction::kNone},
+    {Kind::kPowerSgd, "gradients as rank-r low-rank factors with error feedback (Vogels et al.)",
+     DeviceReduction::kNone},
+    {Kind::kAuto, "measures the bandwidth and picks gradient_allreduce, bytegrad or powersgd",
+     DeviceReduction::kNone},
+}};
+/// The list's entry of `kind`.
+[[nodiscard]] constexpr const AlgorithmInfo& info(Kind kind) {
+  for (const auto& a : kAlgorithms)
+    if (a.kind == kind) return a;
+  return kAlgorithms[0];  // unreachable: every Kind has an entry (static_assert below)
+}
+static_assert([] {
+  for (const auto& [kind, name] : kAlgorithmNames)
+    if (info(kind).kind != kind) return false;
+  return kAlgorithms.size() == kAlgorithmNames.size();
+}());
+
 struct AlgorithmOptions {
-  std::string name = "gradient_allreduce";        ///< see algorithm_names()
+  Kind kind = Kind::kGradientAllreduce;
   AllreduceImpl allreduce = AllreduceImpl::kMpi;  ///< gradient_allreduce's exact allreduce
   std::size_t chunk = 2048;                       ///< elements per quantisation chunk (bytegrad, qadam, lpd)
   bool error_feedback = false;            ///< bytegrad: carry the quantisation residual to the next step
@@ -55,32 +122,16 @@ struct AlgorithmOptions {
   std::int64_t powersgd_warmup_steps = 10;  ///< powersgd: exact allreduce steps before compressing
 };
 
-/// A parameter tensor of the flat buffer, as a matrix: `rows` x `cols` elements from `offset`, row major
-/// (a model's C-order view (model::ParamView) with its first dimension as rows and the others flattened).
-/// A vector (a bias) has cols == 1.
-struct TensorShape {
-  std::size_t offset = 0;
-  std::size_t rows = 0;
-  std::size_t cols = 1;
-};
-
-/// The names --algorithm accepts.
-const std::vector<std::string>& algorithm_names();
-
-/// What an algorithm works on: the group's backend and the replicated training state.
+/// What an algorithm works on: the group's backend and the workload's replicated state (its parameters,
+/// gradients and optimiser; workload/workload.hpp).
 struct Context {
   comm::Backend& backend;
-  std::span<float> params;
-  std::span<float> grads;
-  optim::Optimizer& optimizer;
+  workload::Workload& workload;
   comm::Options op;  ///< deadline of every collective
   /// The time of one step's computation without communication, in ms (for `auto`); measured lazily.
   std::function<double()> compute_ms;
   /// Writes an event line to the run's metrics (rank 0) and the log.
   std::function<void(const nlohmann::json&)> event;
-  /// The parameter tensors, in buffer order (PowerSGD compresses the matrices among them). Empty: the
-  /// buffer is one vector.
-  std::vector<TensorShape> tensors = {};
 };
 
 class Algorithm {
@@ -91,7 +142,11 @@ class Algorithm {
   Algorithm& operator=(Algorithm&&) = delete;
   virtual ~Algorithm() = default;
 
-  [[nodiscard]] virtual std::string name() const = 0;
+  [[nodiscard]] virtual Kind kind() const = 0;
+  /// Its name in kAlgorithmNames (metrics, logs).
+  [[nodiscard]] std::string name() const { return std::string(name_of(kAlgorithmNames, kind())); }
+  /// How its buckets are reduced when the gradients are in device memory (kNone: CPU only).
+  [[nodiscard]] DeviceReduction device_reduction() const { return info(kind()).device; }
   /// Called before the forward pass of step `step` (1-based), on every rank.
   virtual void begin_step(std::int64_t /*step*/) {}
   /// Whether the gradients of step `step` (the one being trained, 1-based) are reduced bucket by bucket.
@@ -101,14 +156,15 @@ class Algorithm {
   /// True if the buckets are best reduced by the backend's own allreduce (the bucketer's default path,
   /// with the MPI library's tuned algorithms) rather than by reduce_bucket().
   [[nodiscard]] virtual bool uses_backend_allreduce() const { return false; }
-  /// The optimiser step. The gradients hold this rank's share of the global mean (the loss is divided
-  /// by the step's global sample count) or, after reduce_bucket, the global mean itself.
+  /// The update. The gradients hold this rank's share of the global mean (the loss is divided by the
+  /// step's global sample count) or, after reduce_bucket, the global mean itself. By default the
+  /// workload's optimiser takes the step; an algorithm that owns the update (QAdam) overrides it.
   virtual void step(std::int64_t step, float lr);
   virtual void after_step(std::int64_t step);
   /// True if every completed step includes every rank's batch (a collective over all ranks in each step).
   /// False for the algorithms whose ranks complete steps on their own (local steps with model averaging,
   /// asynchronous averaging): after a failure the members then rewind to the last step every member
-  /// completed (train::TrainState::mark_agreed), so that no batch of a lost rank counts as trained
+  /// completed (train::ReplicatedState::mark_agreed), so that no batch of a lost rank counts as trained
   /// without having been trained (the exactly-once audit).
   [[nodiscard]] virtual bool lockstep() const { return true; }
   /// Collective: every rank ends with the same parameters and optimiser state.
@@ -122,15 +178,18 @@ class Algorithm {
   std::uint64_t take_bytes_sent() { return std::exchange(stats_.bytes_sent, 0); }
 
  protected:
-  explicit Algorithm(Context ctx) : ctx_(std::move(ctx)) {}
+  explicit Algorithm(Context ctx)
+      : ctx_(std::move(ctx)), params_(ctx_.workload.params()), grads_(ctx_.workload.grads()) {}
   /// Averages params and optimiser state over the group (a plain allreduce, then / size).
   void average_state();
 
   Context ctx_;
+  std::span<float> params_;  ///< the workload's, in host memory
+  std::span<float> grads_;
   CommStats stats_;
 };
 
-/// Builds the algorithm `opts.name` over `ctx`. `auto` measures the achievable bandwidth (collective)
+/// Builds the algorithm `opts.kind` over `ctx`. `auto` measures the achievable bandwidth (collective)
 /// and returns the algorithm it chose, after logging the decision through ctx.event.
 std::unique_ptr<Algorithm> make_algorithm(const AlgorithmOptions& opts, Context ctx);
 

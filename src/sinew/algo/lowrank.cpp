@@ -61,13 +61,14 @@ void seeded_normal(std::span<float> v, std::uint64_t seed) {
   }
 }
 
-std::vector<LowRankFactor> lowrank_factors(const std::vector<TensorShape>& tensors, int rank) {
+std::vector<LowRankFactor> lowrank_factors(const std::vector<TensorView>& tensors, int rank) {
   std::vector<LowRankFactor> out;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
-    const TensorShape& s = tensors[t];
-    const std::size_t r = powersgd_rank_of(s.rows, s.cols, rank);
+    const TensorView& s = tensors[t];
+    const std::size_t rows = s.rows(), cols = s.cols();
+    const std::size_t r = powersgd_rank_of(rows, cols, rank);
     if (r == 0) continue;
-    LowRankFactor f{s, r, std::vector<float>(s.cols * r)};
+    LowRankFactor f{s.offset, rows, cols, r, std::vector<float>(cols * r)};
     seeded_normal(f.q, 0x5057534744ULL + t);  // "PWSGD" + the tensor's index
     out.push_back(std::move(f));
   }
@@ -76,8 +77,7 @@ std::vector<LowRankFactor> lowrank_factors(const std::vector<TensorShape>& tenso
 
 std::size_t powersgd_floats(const std::vector<LowRankFactor>& factors, std::size_t total) {
   std::size_t floats = total;
-  for (const auto& f : factors)
-    floats = floats - f.shape.rows * f.shape.cols + (f.shape.rows + f.shape.cols) * f.rank;
+  for (const auto& f : factors) floats = floats - f.rows * f.cols + (f.rows + f.cols) * f.rank;
   return floats;
 }
 

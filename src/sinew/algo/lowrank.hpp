@@ -17,6 +17,8 @@
 
 #include "sinew/algo/algorithm.hpp"
 
+#include "sinew/core/flat.hpp"
+
 namespace sinew::algo {
 
 /// The rank PowerSGD uses for a rows x cols matrix at a requested rank `rank`: min(rank, rows, cols), or
@@ -37,14 +39,15 @@ void seeded_normal(std::span<float> v, std::uint64_t seed);
 
 /// PowerSGD's per-matrix state and the layout of one bucket's messages.
 struct LowRankFactor {
-  TensorShape shape;
-  std::size_t rank = 0;  ///< powersgd_rank_of(rows, cols, requested)
-  std::vector<float> q;  ///< cols x rank, kept from step to step (warm start)
+  std::size_t offset = 0;          ///< the matrix's first element in the flat buffer
+  std::size_t rows = 0, cols = 0;  ///< TensorView::rows() and cols(): row major
+  std::size_t rank = 0;            ///< powersgd_rank_of(rows, cols, requested)
+  std::vector<float> q;            ///< cols x rank, kept from step to step (warm start)
 };
 
 /// Rank-`rank` factors of the matrices among `tensors` that are worth compressing, in buffer order, each Q
 /// seeded from its index (every rank builds the same ones).
-[[nodiscard]] std::vector<LowRankFactor> lowrank_factors(const std::vector<TensorShape>& tensors, int rank);
+[[nodiscard]] std::vector<LowRankFactor> lowrank_factors(const std::vector<TensorView>& tensors, int rank);
 
 /// The floats PowerSGD sends per step for gradients of `total` elements with `factors` (P and Q of each,
 /// and every element outside them exactly): what a ring allreduce of that many floats costs.

@@ -8,21 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "sinew/core/flat.hpp"
+
 namespace sinew::checkpoint {
 
 /// Schema version written into every manifest (2: shard data offsets, commit record); readers read 1 and
 /// 2 and refuse versions they do not know.
 inline constexpr int kSchemaVersion = 2;
-
-/// A named, shaped view of a slice of one flat tensor, so that readers of the file can rebuild the model
-/// without Sinew ("model/fc1/weight" over part of "params"). Written into the manifest (views.hpp).
-struct TensorView {
-  std::string name;                  ///< "fc1/weight": the view is "model/fc1/weight" in the manifest
-  std::string tensor;                ///< the flat tensor it lies in: "params"
-  std::uint64_t offset = 0;          ///< its first element within that tensor
-  std::vector<std::uint64_t> shape;  ///< its shape, row-major (C order) as the elements are stored
-  std::string layout;                ///< how to use it, e.g. "y = x @ weight + bias"
-};
 
 struct TrainingState {
   /// Flat float tensors by name, each the full (unsharded) tensor: "params", optimiser state such as

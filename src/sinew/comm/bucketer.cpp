@@ -7,13 +7,13 @@
 
 namespace sinew::comm {
 
-BucketLayout::BucketLayout(const std::vector<Range>& ready_order, std::size_t n, std::size_t bucket_bytes,
+BucketLayout::BucketLayout(const std::vector<Slice>& ready_order, std::size_t n, std::size_t bucket_bytes,
                            const char* who)
     : who_(who) {
   if (ready_order.empty()) SINEW_THROW(InvalidArgument, "{}: no gradient ranges", who);
   std::size_t covered = 0;
   const std::size_t target = std::max<std::size_t>(bucket_bytes / sizeof(float), 1);
-  for (const Range& r : ready_order) {
+  for (const Slice& r : ready_order) {
     if (r.count == 0 || r.offset + r.count > n) {
       SINEW_THROW(InvalidArgument, "{}: range [{}, {}) is empty or outside the {} gradients", who, r.offset,
                   r.offset + r.count, n);
@@ -49,7 +49,7 @@ std::size_t BucketLayout::bucket_of(std::size_t offset) const {
 }
 
 GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
-                                   const std::vector<Range>& ready_order, BucketOptions opts)
+                                   const std::vector<Slice>& ready_order, BucketOptions opts)
     : backend_(backend),
       grads_(grads),
       opts_(std::move(opts)),
@@ -75,14 +75,14 @@ GradientBucketer::~GradientBucketer() {
   }
 }
 
-std::vector<Range> GradientBucketer::buckets() const {
-  std::vector<Range> out;
+std::vector<Slice> GradientBucketer::buckets() const {
+  std::vector<Slice> out;
   out.reserve(buckets_.size());
   for (const auto& b : buckets_) out.push_back(b.range);
   return out;
 }
 
-void GradientBucketer::mark_ready(Range r) {
+void GradientBucketer::mark_ready(Slice r) {
   const std::size_t bucket = layout_.bucket_of(r.offset);
   bool notify = false;
   {
@@ -96,7 +96,7 @@ void GradientBucketer::mark_ready(Range r) {
 }
 
 void GradientBucketer::reduce(std::size_t b, bool blocking) {
-  const Range r = buckets_[b].range;
+  const Slice r = buckets_[b].range;
   const auto start = Clock::now();
   const Buffer buf = Buffer::of(grads_.subspan(r.offset, r.count));
   if (opts_.reduce) {

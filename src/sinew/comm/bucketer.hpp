@@ -30,14 +30,9 @@
 #include <vector>
 
 #include "sinew/comm/backend.hpp"
+#include "sinew/core/flat.hpp"
 
 namespace sinew::comm {
-
-/// A contiguous range of the flat gradient buffer, in elements.
-struct Range {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
 
 /// The bucket layout that both bucketers (this one and comm/nccl/'s DeviceBucketer) use, so that a model
 /// is bucketed alike on either device: the ranges in ready order, grouped into contiguous buckets of about
@@ -45,12 +40,12 @@ struct Range {
 class BucketLayout {
  public:
   struct Bucket {
-    Range range;
+    Slice range;
     std::size_t ranges_total = 0;  ///< ranges that make up the bucket
   };
   /// Throws InvalidArgument (naming `who`) unless the ranges are non-empty, inside [0, n), and cover it
   /// exactly once.
-  BucketLayout(const std::vector<Range>& ready_order, std::size_t n, std::size_t bucket_bytes,
+  BucketLayout(const std::vector<Slice>& ready_order, std::size_t n, std::size_t bucket_bytes,
                const char* who);
   [[nodiscard]] const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
   /// The bucket of the range that starts at `offset`; throws InvalidArgument for an offset that starts none.
@@ -76,7 +71,7 @@ class GradientBucketer {
  public:
   /// `ready_order`: the ranges in the order backward reports them; together they must cover `grads`
   /// exactly once, and consecutive ranges must be adjacent (each bucket is then contiguous).
-  GradientBucketer(Backend& backend, std::span<float> grads, const std::vector<Range>& ready_order,
+  GradientBucketer(Backend& backend, std::span<float> grads, const std::vector<Slice>& ready_order,
                    BucketOptions opts);
   GradientBucketer(const GradientBucketer&) = delete;
   GradientBucketer& operator=(const GradientBucketer&) = delete;
@@ -85,14 +80,14 @@ class GradientBucketer {
   ~GradientBucketer();
 
   /// Reported by backward: the gradients of `r` (one entry of ready_order) are final.
-  void mark_ready(Range r);
+  void mark_ready(Slice r);
   /// Blocks until every bucket of this step is reduced, then re-arms for the next step. Rethrows a
   /// failure of the communication thread (CommFailure, Timeout). Without overlap the buckets are reduced
   /// here, on the calling thread.
   void finish();
 
   [[nodiscard]] std::size_t num_buckets() const noexcept { return buckets_.size(); }
-  [[nodiscard]] std::vector<Range> buckets() const;
+  [[nodiscard]] std::vector<Slice> buckets() const;
   /// Milliseconds the last step's allreduces took on the communication thread (sum over buckets).
   [[nodiscard]] double last_comm_ms() const noexcept { return last_comm_ms_; }
   /// Milliseconds finish() blocked in the last step: communication not hidden behind backward.
@@ -100,7 +95,7 @@ class GradientBucketer {
 
  private:
   struct Bucket {
-    Range range;
+    Slice range;
     std::size_t ranges_total = 0;
     std::size_t ranges_ready = 0;
   };

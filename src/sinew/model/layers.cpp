@@ -48,14 +48,15 @@ std::size_t Linear::num_params() const {
   return static_cast<std::size_t>(out_) * static_cast<std::size_t>(in_) + static_cast<std::size_t>(out_);
 }
 
-std::vector<ParamView> Linear::param_views() const {
+std::vector<TensorView> Linear::param_views() const {
   const auto in = static_cast<std::size_t>(in_), out = static_cast<std::size_t>(out_);
   return {{"weight",
+           "params",
            0,
            {in, out},
            "y = x @ weight + bias, x the input sample flattened in C order (channel, row, column); weight "
            "is (in, out): the transpose of PyTorch's nn.Linear weight"},
-          {"bias", in * out, {out}, "y = x @ weight + bias"}};
+          {"bias", "params", in * out, {out}, "y = x @ weight + bias"}};
 }
 
 void Linear::init_params(std::span<float> params, Rng& rng) const {
@@ -118,19 +119,21 @@ std::size_t Conv2d::num_params() const {
   return out * static_cast<std::size_t>(input_.channels) * k * k + out;
 }
 
-std::vector<ParamView> Conv2d::param_views() const {
+std::vector<TensorView> Conv2d::param_views() const {
   const auto k = static_cast<std::size_t>(kernel_);
   const auto in = static_cast<std::size_t>(input_.channels), out = static_cast<std::size_t>(output_.channels);
   // W is out x (in*k*k) column-major with column (ci*k + ky)*k + kx: in C order, (ci, ky, kx, o).
-  return {{"weight",
-           0,
-           {in, k, k, out},
-           fmt::format("y[o, i, j] = bias[o] + sum over c, ky, kx of weight[c, ky, kx, o] * "
-                       "x[c, i + ky - {0}, j + kx - {0}] (stride 1, zero padding {0}: PyTorch's "
-                       "cross-correlation); weight is (in_channels, kh, kw, out_channels): PyTorch's "
-                       "nn.Conv2d weight is weight.transpose(3, 0, 1, 2)",
-                       padding_)},
-          {"bias", out * in * k * k, {out}, "added to output channel o: y[o, i, j] = ... + bias[o]"}};
+  return {
+      {"weight",
+       "params",
+       0,
+       {in, k, k, out},
+       fmt::format("y[o, i, j] = bias[o] + sum over c, ky, kx of weight[c, ky, kx, o] * "
+                   "x[c, i + ky - {0}, j + kx - {0}] (stride 1, zero padding {0}: PyTorch's "
+                   "cross-correlation); weight is (in_channels, kh, kw, out_channels): PyTorch's "
+                   "nn.Conv2d weight is weight.transpose(3, 0, 1, 2)",
+                   padding_)},
+      {"bias", "params", out * in * k * k, {out}, "added to output channel o: y[o, i, j] = ... + bias[o]"}};
 }
 
 HyperParams Conv2d::hyper_params() const {

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "sinew/core/flat.hpp"
+
 namespace sinew::model {
 
 /// Activations, gradients and logits: column-major, one column per sample.
@@ -27,24 +29,6 @@ struct Shape {
   int channels = 1, height = 1, width = 1;
   [[nodiscard]] int size() const { return channels * height * width; }
   friend bool operator==(const Shape&, const Shape&) = default;
-};
-
-/// A range [offset, offset + count) of the flat parameter (and gradient) buffer.
-struct ParamRange {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-  friend bool operator==(const ParamRange&, const ParamRange&) = default;
-};
-
-/// A named, shaped array inside the flat parameter buffer, for readers outside Sinew: the per-layer views
-/// of a checkpoint (docs/checkpoint-format.md). The elements of a view are contiguous, in C order (row
-/// major) of `shape`; a view cannot transpose, so `shape` is the layout the elements really have, and
-/// `layout` says how to use it.
-struct ParamView {
-  std::string name;                ///< "weight", "bias"; from Model::param_views(): "fc1/weight"
-  std::size_t offset = 0;          ///< first element: within the layer's parameters (Model: within params())
-  std::vector<std::size_t> shape;  ///< C-order shape of the elements as stored
-  std::string layout;              ///< how to use it, e.g. "y = x @ weight + bias"
 };
 
 /// A layer's integer hyper-parameters by name ("kernel", "padding", "stride"), in a fixed order.
@@ -95,7 +79,7 @@ class Layer {
   [[nodiscard]] virtual std::unique_ptr<Layer> clone() const = 0;
   /// The layer's parameters as named arrays, covering [0, num_params()) in order (empty without
   /// parameters). The offsets are relative to the layer's own parameters.
-  [[nodiscard]] virtual std::vector<ParamView> param_views() const { return {}; }
+  [[nodiscard]] virtual std::vector<TensorView> param_views() const { return {}; }
   /// Hyper-parameters that input and output shapes do not tell (for readers outside Sinew).
   [[nodiscard]] virtual HyperParams hyper_params() const { return {}; }
 
@@ -129,7 +113,7 @@ class Linear final : public Layer {
   [[nodiscard]] std::size_t num_params() const override;
   [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Linear>(*this); }
   /// weight: (in, out), the elements of W column-major, i.e. W^T in C order; bias: (out).
-  [[nodiscard]] std::vector<ParamView> param_views() const override;
+  [[nodiscard]] std::vector<TensorView> param_views() const override;
   void init_params(std::span<float> params, Rng& rng) const override;
   void forward(const Matrix& x, std::span<const float> params, Matrix& y) override;
   void backward_params(const Matrix& x, const Matrix& y, const Matrix& dy, std::span<float> grads,
@@ -154,7 +138,7 @@ class Conv2d final : public Layer {
   [[nodiscard]] std::size_t num_params() const override;
   [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Conv2d>(*this); }
   /// weight: (in_channels, k, k, out_channels) in C order (W's column-major elements); bias: (out).
-  [[nodiscard]] std::vector<ParamView> param_views() const override;
+  [[nodiscard]] std::vector<TensorView> param_views() const override;
   /// kernel, padding, stride (1).
   [[nodiscard]] HyperParams hyper_params() const override;
   void init_params(std::span<float> params, Rng& rng) const override;

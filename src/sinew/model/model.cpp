@@ -121,7 +121,7 @@ Model Model::from_layers(std::vector<std::unique_ptr<Layer>> layers, std::uint64
   m.num_classes_ = last.size();
   std::size_t offset = 0;
   for (const auto& layer : layers) {
-    m.ranges_.push_back(ParamRange{offset, layer->num_params()});
+    m.ranges_.push_back(Slice{offset, layer->num_params()});
     offset += layer->num_params();
   }
   m.layers_ = std::move(layers);
@@ -132,7 +132,7 @@ Model Model::from_layers(std::vector<std::unique_ptr<Layer>> layers, std::uint64
   // One random stream, consumed layer by layer in flat-buffer order: the seed alone fixes every parameter.
   Rng rng(seed);
   for (std::size_t i = 0; i < m.layers_.size(); ++i) {
-    const ParamRange r = m.ranges_[i];
+    const Slice r = m.ranges_[i];
     m.layers_[i]->init_params(std::span<float>(m.params_).subspan(r.offset, r.count), rng);
   }
   return m;
@@ -168,7 +168,7 @@ const Matrix& Model::forward(const Eigen::Ref<const Matrix>& x) {
   return acts_.back();
 }
 
-void Model::backward(const Matrix& dlogits, const std::function<void(ParamRange)>& on_grad_ready,
+void Model::backward(const Matrix& dlogits, const std::function<void(Slice)>& on_grad_ready,
                      bool accumulate) {
   if (!have_forward_)
     SINEW_THROW(InvalidArgument, "model '{}': backward() without a preceding forward()", spec_);
@@ -182,7 +182,7 @@ void Model::backward(const Matrix& dlogits, const std::function<void(ParamRange)
   const Matrix* dy = &dlogits;
   for (std::size_t i = layers_.size(); i-- > 0;) {
     Layer& layer = *layers_[i];
-    const ParamRange r = ranges_[i];
+    const Slice r = ranges_[i];
     if (r.count > 0) {
       layer.backward_params(acts_[i], acts_[i + 1], *dy, grads.subspan(r.offset, r.count), accumulate);
       // This range is final now: nothing below writes it again, so its reduction can start at once,
@@ -197,8 +197,8 @@ void Model::backward(const Matrix& dlogits, const std::function<void(ParamRange)
   }
 }
 
-std::vector<ParamRange> Model::grad_ready_order() const {
-  std::vector<ParamRange> order;
+std::vector<Slice> Model::grad_ready_order() const {
+  std::vector<Slice> order;
   for (auto it = ranges_.rbegin(); it != ranges_.rend(); ++it) {
     if (it->count > 0) order.push_back(*it);
   }
@@ -212,11 +212,11 @@ std::string Model::layer_name(std::size_t i) const {
   return fmt::format("{}{}", short_name(kind), number);
 }
 
-std::vector<ParamView> Model::param_views() const {
-  std::vector<ParamView> views;
+std::vector<TensorView> Model::param_views() const {
+  std::vector<TensorView> views;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const std::string prefix = layer_name(i) + "/";
-    for (ParamView v : layers_[i]->param_views()) {
+    for (TensorView v : layers_[i]->param_views()) {
       v.name = prefix + v.name;
       v.offset += ranges_[i].offset;
       views.push_back(std::move(v));
@@ -237,7 +237,7 @@ std::string Model::description_json() const {
               {"output_shape", shape_json(layer.output_shape())}};
     for (const auto& [key, value] : layer.hyper_params()) l[key] = value;
     json params = json::object();
-    for (const ParamView& v : layer.param_views()) params[v.name] = name + "/" + v.name;
+    for (const TensorView& v : layer.param_views()) params[v.name] = name + "/" + v.name;
     l["params"] = std::move(params);
     layers.push_back(std::move(l));
   }

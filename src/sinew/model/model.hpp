@@ -66,12 +66,12 @@ class Model {
   /// (overwriting them, or adding to them if `accumulate`). For each layer with parameters, in reverse layer
   /// order, calls on_grad_ready(range) as soon as that range of grads() is final: backward() never touches
   /// it again, so another thread may reduce it in place while backward() goes on with earlier layers.
-  void backward(const Matrix& dlogits, const std::function<void(ParamRange)>& on_grad_ready = {},
+  void backward(const Matrix& dlogits, const std::function<void(Slice)>& on_grad_ready = {},
                 bool accumulate = false);
 
   /// The ranges in the order backward() reports them (last layer first). Together they cover
   /// [0, num_params()) exactly once; layer i's parameters lie before layer i+1's in the flat buffer.
-  [[nodiscard]] std::vector<ParamRange> grad_ready_order() const;
+  [[nodiscard]] std::vector<Slice> grad_ready_order() const;
 
   /// One line per layer with shapes and parameter counts, then the total.
   [[nodiscard]] std::string summary() const;
@@ -82,7 +82,7 @@ class Model {
   [[nodiscard]] std::size_t num_layers() const { return layers_.size(); }
   [[nodiscard]] const Layer& layer(std::size_t i) const { return *layers_.at(i); }
   /// Where layer i's parameters lie in the flat buffer (count 0 for layers without parameters).
-  [[nodiscard]] ParamRange layer_params(std::size_t i) const { return ranges_.at(i); }
+  [[nodiscard]] Slice layer_params(std::size_t i) const { return ranges_.at(i); }
 
   /// Layer i's name in checkpoints and descriptions: a short name of its kind and its number among the
   /// layers of that kind, from 1: "fc1", "fc2" (linear), "conv1" (conv2d), "relu1", "pool1" (maxpool2d).
@@ -90,7 +90,7 @@ class Model {
   /// Every layer's parameters as named arrays, "<layer name>/<param>" ("fc1/weight") with offsets into
   /// params(), in flat order: together they cover [0, num_params()) exactly once. A checkpoint stores them as
   /// its per-layer views (docs/checkpoint-format.md).
-  [[nodiscard]] std::vector<ParamView> param_views() const;
+  [[nodiscard]] std::vector<TensorView> param_views() const;
   /// The model as one line of JSON, for readers outside Sinew that rebuild the forward pass from a
   /// checkpoint's views: {"spec", "input_shape": [C, H, W], "num_classes", "layers": [{"name", "kind",
   /// "input_shape", "output_shape", hyper-parameters ("kernel", "padding", "stride"), "params": {"weight":
@@ -103,7 +103,7 @@ class Model {
   Shape input_;
   int num_classes_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<ParamRange> ranges_;  // per layer
+  std::vector<Slice> ranges_;  // per layer
   // Aligned to Eigen's packet size, so that every run sees the same alignment of every layer's slice:
   // Eigen's vectorised reductions peel unaligned heads, and a base address that varied between runs
   // (plain malloc) made two identical runs differ in the last bits, which broke exact resume.

@@ -19,7 +19,7 @@
 
 namespace sinew::train {
 
-CheckpointPolicy::CheckpointPolicy(const Config& cfg, const comm::Options& op, TrainState& state,
+CheckpointPolicy::CheckpointPolicy(const Config& cfg, const comm::Options& op, ReplicatedState& state,
                                    Events& events, int generation)
     : cfg_(cfg),
       op_(op),

@@ -15,7 +15,7 @@
 #include "sinew/train/config.hpp"
 #include "sinew/train/events.hpp"
 #include "sinew/train/fabric.hpp"
-#include "sinew/train/state.hpp"
+#include "sinew/train/replicated_state.hpp"
 
 namespace sinew::checkpoint {
 struct SaveResult;
@@ -26,7 +26,7 @@ namespace sinew::train {
 class CheckpointPolicy {
  public:
   /// `op`: the deadline of resume's collectives.
-  CheckpointPolicy(const Config& cfg, const comm::Options& op, TrainState& state, Events& events,
+  CheckpointPolicy(const Config& cfg, const comm::Options& op, ReplicatedState& state, Events& events,
                    int generation);
 
   /// Collective: writes a checkpoint of the current state (`async`: periodic ones only, in the
@@ -56,7 +56,7 @@ class CheckpointPolicy {
 
   const Config& cfg_;
   comm::Options op_;
-  TrainState& state_;
+  ReplicatedState& state_;
   Events& events_;
   int generation_;
   std::string config_json_;

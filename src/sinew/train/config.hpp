@@ -53,7 +53,7 @@ struct Config {
   std::int64_t lr_step_size = 1000;
   float lr_gamma = 0.1f;
   // communication
-  std::string algorithm = "gradient_allreduce";  ///< docs/algorithms.md (algo::algorithm_names())
+  algo::Kind algorithm = algo::Kind::kGradientAllreduce;      ///< docs/algorithms.md (algo::kAlgorithms)
   algo::AllreduceImpl allreduce = algo::AllreduceImpl::kMpi;  ///< gradient_allreduce: mpi | ring
   std::size_t compress_chunk = 2048;                          ///< elements per quantisation chunk (any width)
   bool error_feedback = false;                                ///< bytegrad: carry the quantisation residual
@@ -66,7 +66,8 @@ struct Config {
   int sync_interval_ms = 50;              ///< async: background averaging period
   double bucket_mb = 4.0;
   bool overlap = true;
-  int timeout_ms = 300000;       ///< deadline of every collective
+  bool find_unused_parameters = false;  ///< ranges no gradient was reported for are reduced as zeros
+  int timeout_ms = 300000;              ///< deadline of every collective
   int spawn_timeout_ms = 30000;  ///< deadline of a spawn (growth); past it the group goes on at its size
   int stall_timeout_ms = 10000;  ///< a process silent this long (SIGSTOP, hung) is fenced; 0: off
   // checkpoints

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "sinew/comm/backend.hpp"
-#include "sinew/train/state.hpp"
+#include "sinew/train/replicated_state.hpp"
 
 namespace sinew::train {
 

@@ -21,7 +21,7 @@ double unix_now_s() {
 }  // namespace
 
 ElasticController::ElasticController(const Config& cfg, membership::Group& group, const FabricSetup& setup,
-                                     TrainState& state, LrRescaler& lr, const StepControl& control,
+                                     ReplicatedState& state, LrRescaler& lr, const StepControl& control,
                                      Events& events, const fault::Plan& faults)
     : cfg_(cfg),
       group_(group),

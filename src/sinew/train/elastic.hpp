@@ -23,8 +23,8 @@
 #include "sinew/train/control.hpp"
 #include "sinew/train/events.hpp"
 #include "sinew/train/fabric.hpp"
+#include "sinew/train/replicated_state.hpp"
 #include "sinew/train/rescale.hpp"
-#include "sinew/train/state.hpp"
 
 namespace sinew::train {
 
@@ -36,8 +36,9 @@ struct RecoveryReport {
 
 class ElasticController {
  public:
-  ElasticController(const Config& cfg, membership::Group& group, const FabricSetup& setup, TrainState& state,
-                    LrRescaler& lr, const StepControl& control, Events& events, const fault::Plan& faults);
+  ElasticController(const Config& cfg, membership::Group& group, const FabricSetup& setup,
+                    ReplicatedState& state, LrRescaler& lr, const StepControl& control, Events& events,
+                    const fault::Plan& faults);
 
   /// Collective: builds the fabric over the current view (and lets a new rank 0 take the metrics over).
   void connect();
@@ -69,7 +70,7 @@ class ElasticController {
   const Config& cfg_;
   membership::Group& group_;
   const FabricSetup& setup_;
-  TrainState& state_;
+  ReplicatedState& state_;
   LrRescaler& lr_;
   const StepControl& control_;
   Events& events_;

@@ -12,6 +12,7 @@
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/membership/group.hpp"
+#include "sinew/workload/workload.hpp"
 #if SINEW_HAVE_CUDA
 #include "sinew/comm/nccl/api.hpp"
 #include "sinew/comm/nccl/backend.hpp"
@@ -98,25 +99,35 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
     wo.faults = s.faults;
     writer_ = std::make_unique<checkpoint::Writer>(s.checkpoint_dir, *backend_, wo);
   }
-  algo::Context ctx{*backend_, s.params,     s.grads,           *s.optimizer,
-                    s.op,      s.compute_ms, s.algorithm_event, s.tensors};
-  algorithm_ = algo::make_algorithm(s.algorithm, std::move(ctx));
+  SINEW_ENFORCE(s.work != nullptr, "a fabric without a workload");
+  workload::Workload& work = *s.work;
+  const std::span<float> grads = work.grads();
+  const std::vector<Slice> ready_order = work.ready_order();
+  algorithm_ = algo::make_algorithm(s.algorithm, {*backend_, work, s.op, s.compute_ms, s.algorithm_event});
   const auto bucket_bytes = static_cast<std::size_t>(s.bucket_mb * (1 << 20));
 #if SINEW_HAVE_CUDA
   if (gpu_) {
-    // On the GPU the algorithm object keeps its name; the reduction itself is NCCL's allreduce, or
-    // ByteGrad's compressed exchange over NCCL (validate() allows only these two).
+    // On the GPU the algorithm object stays the run's (its name, its step through the workload's
+    // optimiser); the buckets are reduced as it declares: NCCL's allreduce, or ByteGrad's compressed
+    // exchange over NCCL.
     comm::nccl::DeviceBucketOptions dbo;
     dbo.bucket_bytes = bucket_bytes;
     dbo.op = s.op;
-    if (algorithm_->name() == "bytegrad") {
-      gpu_->bytegrad = std::make_unique<comm::nccl::ByteGrad>(*gpu_->nccl, s.grads.size(), s.algorithm.chunk);
-      dbo.reduce = [bg = gpu_->bytegrad.get(), op = s.op](float* data, std::size_t count, std::size_t) {
-        return bg->reduce(data, count, op);
-      };
+    switch (algorithm_->device_reduction()) {
+      case algo::DeviceReduction::kNone:
+        SINEW_THROW(InvalidArgument, "--algorithm {} runs on the CPU only (gradients in host memory)",
+                    algorithm_->name());
+      case algo::DeviceReduction::kAllreduce:
+        break;
+      case algo::DeviceReduction::kByteGrad:
+        gpu_->bytegrad = std::make_unique<comm::nccl::ByteGrad>(*gpu_->nccl, grads.size(), s.algorithm.chunk);
+        dbo.reduce = [bg = gpu_->bytegrad.get(), op = s.op](float* data, std::size_t count, std::size_t) {
+          return bg->reduce(data, count, op);
+        };
+        break;
     }
-    gpu_->bucketer = std::make_unique<comm::nccl::DeviceBucketer>(*gpu_->nccl, device_grads, s.grads.size(),
-                                                                  s.grad_ready_order, std::move(dbo));
+    gpu_->bucketer = std::make_unique<comm::nccl::DeviceBucketer>(*gpu_->nccl, device_grads, grads.size(),
+                                                                  ready_order, std::move(dbo));
     return;
   }
 #endif
@@ -130,7 +141,7 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
       a->reduce_bucket(b, offset);
     };
   }
-  bucketer_ = std::make_unique<comm::GradientBucketer>(*backend_, s.grads, s.grad_ready_order, std::move(bo));
+  bucketer_ = std::make_unique<comm::GradientBucketer>(*backend_, grads, ready_order, std::move(bo));
 }
 
 Fabric::~Fabric() = default;
@@ -150,9 +161,9 @@ double Fabric::abort() noexcept {
   return ms;
 }
 
-void Fabric::mark_ready(comm::Range r) { bucketer_->mark_ready(r); }
+void Fabric::mark_ready(Slice r) { bucketer_->mark_ready(r); }
 
-void Fabric::mark_ready(comm::Range r, CUevent_st* ready) {
+void Fabric::mark_ready(Slice r, CUevent_st* ready) {
 #if SINEW_HAVE_CUDA
   gpu_->bucketer->mark_ready(r, ready);
 #else

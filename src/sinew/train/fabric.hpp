@@ -43,8 +43,8 @@ class Api;
 namespace sinew::membership {
 class Group;
 }
-namespace sinew::optim {
-class Optimizer;
+namespace sinew::workload {
+class Workload;
 }
 
 namespace sinew::train {
@@ -58,16 +58,13 @@ struct FabricSetup {
   algo::AlgorithmOptions algorithm;
   double bucket_mb = 4;
   bool overlap = true;
-  // The model and optimiser, owned by the trainer.
-  std::span<float> params, grads;
-  std::vector<comm::Range> grad_ready_order;
-  std::vector<algo::TensorShape> tensors;  ///< the parameter tensors as matrices (PowerSGD)
-  optim::Optimizer* optimizer = nullptr;
+  /// What is trained (not owned): its flat buffers, ready order and optimiser.
+  workload::Workload* work = nullptr;
   std::function<double()> compute_ms;                          ///< for `--algorithm auto`
   std::function<void(const nlohmann::json&)> algorithm_event;  ///< the algorithm's own events
-  /// --device cuda: collective over the view's MPI backend, picks this member's GPU (opening it the first
-  /// time) and returns the gradients in device memory (grads' layout), which NCCL then reduces. Empty:
-  /// the CPU path.
+  /// A workload on a GPU: collective over the view's MPI backend, picks this member's GPU (opening it the
+  /// first time) and returns the gradients in device memory (the flat layout), which NCCL then reduces
+  /// as the algorithm declares (algo::DeviceReduction). Empty: the CPU path.
   std::function<float*(comm::Backend& view)> attach_device;
   /// The NCCL entry points; null: the real library (tests put comm::nccl::FakeApi here).
   comm::nccl::Api* nccl_api = nullptr;
@@ -93,9 +90,9 @@ class Fabric {
 
   // The gradient reduction of a step, on whichever bucketer this view has.
   /// A range of the gradients is final (CPU).
-  void mark_ready(comm::Range r);
+  void mark_ready(Slice r);
   /// A range of the device gradients is final once `ready` completes (--device cuda).
-  void mark_ready(comm::Range r, CUevent_st* ready);
+  void mark_ready(Slice r, CUevent_st* ready);
   /// Waits until every bucket of the step is reduced; throws CommFailure/Timeout.
   void finish_reduction();
   [[nodiscard]] std::size_t num_buckets() const;

@@ -28,6 +28,9 @@ namespace sinew::algo {
 void validate(boost::any& v, const std::vector<std::string>& values, AllreduceImpl*, int) {
   v = parse_name(kAllreduceNames, po::validators::get_single_string(values), "--allreduce");
 }
+void validate(boost::any& v, const std::vector<std::string>& values, Kind*, int) {
+  v = parse_name(kAlgorithmNames, po::validators::get_single_string(values), "--algorithm");
+}
 }  // namespace sinew::algo
 namespace sinew::fault {
 void validate(boost::any& v, const std::vector<std::string>& values, Fault*, int) {
@@ -85,10 +88,21 @@ po::options_description describe(Config& c, std::string& config_file) {
       "lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size),
       "steps between decays (step schedule)")("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma),
                                               "decay factor (step schedule)");
+  // The algorithms' list, from the one table (algo::kAlgorithms).
+  static const std::string algorithm_help = [] {
+    std::string h = "one of (docs/algorithms.md):";
+    for (const auto& a : algo::kAlgorithms) {
+      h += fmt::format("\n{}: {}", name_of(algo::kAlgorithmNames, a.kind), a.summary);
+      if (a.device != algo::DeviceReduction::kNone) h += " [also --device cuda]";
+    }
+    return h;
+  }();
   po::options_description comm("Communication");
-  comm.add_options()("algorithm", po::value(&c.algorithm)->default_value(c.algorithm),
-                     "gradient_allreduce | bytegrad | qadam | decentralized | low_precision_decentralized | "
-                     "async | powersgd | auto (docs/algorithms.md)")(
+  comm.add_options()(
+      "algorithm",
+      po::value(&c.algorithm)
+          ->default_value(c.algorithm, std::string(name_of(algo::kAlgorithmNames, c.algorithm))),
+      algorithm_help.c_str())(
       "allreduce",
       po::value(&c.allreduce)
           ->default_value(c.allreduce, std::string(name_of(algo::kAllreduceNames, c.allreduce))),
@@ -115,6 +129,10 @@ po::options_description describe(Config& c, std::string& config_file) {
       "bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "gradient bucket size in MiB")(
       "overlap", po::value(&c.overlap)->default_value(c.overlap)->value_name("BOOL"),
       "reduce buckets on a communication thread during backward")(
+      "find-unused-parameters",
+      po::value(&c.find_unused_parameters)->default_value(c.find_unused_parameters)->value_name("BOOL"),
+      "reduce the gradients of parameters that got none in a step as zeros (DDP's find_unused_parameters); "
+      "without it such a step fails naming them")(
       "timeout-ms", po::value(&c.timeout_ms)->default_value(c.timeout_ms), "deadline of every collective")(
       "spawn-timeout-ms", po::value(&c.spawn_timeout_ms)->default_value(c.spawn_timeout_ms),
       "deadline of a spawn that grows the group; past it the group goes on at its size")(
@@ -226,12 +244,15 @@ void validate_cuda(const Config& c) {
                 "only",
                 c.model);
   }
-  if (c.algorithm != "gradient_allreduce" && c.algorithm != "bytegrad") {
-    SINEW_THROW(InvalidArgument,
-                "--algorithm {} runs on the CPU only; with --device cuda use gradient_allreduce or bytegrad",
-                c.algorithm);
+  if (algo::info(c.algorithm).device == algo::DeviceReduction::kNone) {
+    std::string on_gpu;
+    for (const auto& a : algo::kAlgorithms)
+      if (a.device != algo::DeviceReduction::kNone)
+        on_gpu += (on_gpu.empty() ? "" : " or ") + std::string(name_of(algo::kAlgorithmNames, a.kind));
+    SINEW_THROW(InvalidArgument, "--algorithm {} runs on the CPU only; with --device cuda use {}",
+                name_of(algo::kAlgorithmNames, c.algorithm), on_gpu);
   }
-  if (c.algorithm == "gradient_allreduce" && c.allreduce != algo::AllreduceImpl::kMpi) {
+  if (c.algorithm == algo::Kind::kGradientAllreduce && c.allreduce != algo::AllreduceImpl::kMpi) {
     SINEW_THROW(InvalidArgument,
                 "--allreduce {} runs on the CPU only; with --device cuda gradients are reduced by NCCL "
                 "(leave --allreduce at its default)",
@@ -358,10 +379,6 @@ void validate(const Config& c) {
   one_of(c.optimizer, {"sgd", "adam"}, "--optimizer");
   one_of(c.lr_schedule, {"constant", "step", "cosine"}, "--lr-schedule");
   one_of(c.dataset, {"fashion-mnist", "mnist", "csv", "synthetic"}, "--dataset");
-  one_of(c.algorithm,
-         {"gradient_allreduce", "bytegrad", "qadam", "decentralized", "low_precision_decentralized", "async",
-          "powersgd", "auto"},
-         "--algorithm");
   one_of(c.peer_selection, {"all", "shift_one"}, "--peer-selection");
   if (c.compress_chunk < 1 || c.compress_chunk > (1u << 24)) {
     SINEW_THROW(InvalidArgument, "--compress-chunk must be between 1 and 16777216, got {}", c.compress_chunk);
@@ -386,7 +403,7 @@ void validate(const Config& c) {
                 "--qadam-warmup-steps must be >= 1 (Adam needs a variance to freeze), got {}",
                 c.qadam_warmup_steps);
   }
-  if (c.algorithm == "qadam" && c.optimizer != "adam") {
+  if (c.algorithm == algo::Kind::kQAdam && c.optimizer != "adam") {
     SINEW_THROW(InvalidArgument, "--algorithm qadam needs --optimizer adam (got --optimizer {})",
                 c.optimizer);
   }
@@ -454,7 +471,7 @@ nlohmann::json to_json(const Config& c) {
           {"warmup_steps", c.warmup_steps},
           {"lr_step_size", c.lr_step_size},
           {"lr_gamma", c.lr_gamma},
-          {"algorithm", c.algorithm},
+          {"algorithm", std::string(name_of(algo::kAlgorithmNames, c.algorithm))},
           {"allreduce", std::string(name_of(algo::kAllreduceNames, c.allreduce))},
           {"compress_chunk", c.compress_chunk},
           {"error_feedback", c.error_feedback},

@@ -13,7 +13,7 @@
 #include "sinew/optim/lr_schedule.hpp"
 #include "sinew/train/config.hpp"
 #include "sinew/train/events.hpp"
-#include "sinew/train/state.hpp"
+#include "sinew/train/replicated_state.hpp"
 
 namespace sinew::train {
 

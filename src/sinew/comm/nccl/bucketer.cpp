@@ -9,7 +9,7 @@
 namespace sinew::comm::nccl {
 
 DeviceBucketer::DeviceBucketer(NcclBackend& nccl, float* grads, std::size_t n,
-                               const std::vector<Range>& ready_order, DeviceBucketOptions opts)
+                               const std::vector<Slice>& ready_order, DeviceBucketOptions opts)
     : nccl_(nccl),
       grads_(grads),
       opts_(std::move(opts)),
@@ -19,14 +19,14 @@ DeviceBucketer::DeviceBucketer(NcclBackend& nccl, float* grads, std::size_t n,
   works_.reserve(buckets_.size());
 }
 
-std::vector<Range> DeviceBucketer::buckets() const {
-  std::vector<Range> out;
+std::vector<Slice> DeviceBucketer::buckets() const {
+  std::vector<Slice> out;
   out.reserve(buckets_.size());
   for (const auto& b : buckets_) out.push_back(b.range);
   return out;
 }
 
-void DeviceBucketer::mark_ready(Range r, cudaEvent_t ready) {
+void DeviceBucketer::mark_ready(Slice r, cudaEvent_t ready) {
   Bucket& b = buckets_[layout_.bucket_of(r.offset)];
   SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
   // Now, not when the bucket is enqueued: the caller may record the event again for a later range, and a

@@ -40,7 +40,7 @@ class DeviceBucketer {
  public:
   /// `grads`: n device floats. `ready_order`: as for comm::GradientBucketer, the ranges in the order
   /// backward reports them, covering the gradients exactly once, consecutive ones adjacent.
-  DeviceBucketer(NcclBackend& nccl, float* grads, std::size_t n, const std::vector<Range>& ready_order,
+  DeviceBucketer(NcclBackend& nccl, float* grads, std::size_t n, const std::vector<Slice>& ready_order,
                  DeviceBucketOptions opts);
   DeviceBucketer(const DeviceBucketer&) = delete;
   DeviceBucketer& operator=(const DeviceBucketer&) = delete;
@@ -52,14 +52,14 @@ class DeviceBucketer {
   /// final). The communication stream waits for `ready` from now on (the event may be recorded again
   /// afterwards); when this completes a bucket, it and every complete bucket after it are enqueued, in
   /// bucket order. Never blocks the host. Throws CommFailure if enqueueing fails (the backend is aborted).
-  void mark_ready(Range r, cudaEvent_t ready);
+  void mark_ready(Slice r, cudaEvent_t ready);
   /// Polls every bucket's reduction to completion against opts.op.timeout, NCCL's async error and the MPI
   /// view's failure state, then re-arms for the next step. Throws CommFailure, or Timeout past the
   /// deadline, after aborting the backend. Every range must have been marked ready.
   void finish();
 
   [[nodiscard]] std::size_t num_buckets() const noexcept { return buckets_.size(); }
-  [[nodiscard]] std::vector<Range> buckets() const;
+  [[nodiscard]] std::vector<Slice> buckets() const;
   /// Milliseconds from the first bucket's enqueue to the last one's completion as finish() saw it: the
   /// span of the step's communication (the GPU's own time is not observable without timing events).
   [[nodiscard]] double last_comm_ms() const noexcept { return last_comm_ms_; }
@@ -68,7 +68,7 @@ class DeviceBucketer {
 
  private:
   struct Bucket {
-    Range range;
+    Slice range;
     std::size_t ranges_total = 0;
     std::size_t ranges_ready = 0;
   };

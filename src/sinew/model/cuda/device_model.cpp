@@ -139,8 +139,7 @@ void DeviceModel::forward(const float* x, const std::int32_t* labels, std::size_
 }
 
 float DeviceModel::train_batch(const float* x, const std::int32_t* labels, std::size_t n, double denominator,
-                               bool accumulate,
-                               const std::function<void(ParamRange, cudaEvent_t)>& on_ready) {
+                               bool accumulate, const std::function<void(Slice, cudaEvent_t)>& on_ready) {
   if (!(denominator >= 0) || !std::isfinite(denominator)) {
     SINEW_THROW(InvalidArgument, "DeviceModel::train_batch: denominator must be finite and >= 0, got {}",
                 denominator);
@@ -267,7 +266,7 @@ void DeviceModel::check_host(const Model& host, optim::Optimizer& opt, const cha
   }
   const auto mine = state_buffers();
   const auto theirs = opt.state();
-  bool same = opt.name() == opt_.name && mine.size() == theirs.size();
+  bool same = opt_.name == opt.name() && mine.size() == theirs.size();
   for (std::size_t k = 0; same && k < mine.size(); ++k) {
     same = theirs[k].first == mine[k].first && theirs[k].second.size() == num_params_;
   }

@@ -68,7 +68,7 @@ class DeviceModel {
   /// n == 0 contributes nothing (grads() zeroed unless accumulate) and still reports every range.
   /// Throws InvalidArgument for a bad denominator, DataError for a label outside [0, classes).
   float train_batch(const float* x, const std::int32_t* labels, std::size_t n, double denominator,
-                    bool accumulate, const std::function<void(ParamRange, cudaEvent_t)>& on_ready = {});
+                    bool accumulate, const std::function<void(Slice, cudaEvent_t)>& on_ready = {});
 
   /// Zeroes grads() on stream() (a rank with an empty batch in the epoch's last step contributes zeros).
   void zero_grads();
@@ -101,7 +101,7 @@ class DeviceModel {
   struct Layer {
     bool linear = false;    // else ReLU
     int in = 0, out = 0;    // input and output sizes of one sample
-    ParamRange params;      // count 0 for ReLU
+    Slice params;           // count 0 for ReLU
     std::size_t ready = 0;  // linear: its event in ready_
   };
 

@@ -7,8 +7,11 @@
 //   load()         <- a checkpoint, read straight into the tensors (resume, at any world size)
 //   synchronise()  every member takes the state of the most advanced one (after a change of membership)
 // so adding a field means adding it to Position (and, if a checkpoint must carry it, to snapshot_ref/load).
-// With --device cuda the tensors are trained on the GPU (train/device.hpp): these three copy them to the
-// host before they read them and back after they wrote them.
+// The tensors are the workload's (workload/workload.hpp): its parameters and its optimiser's named state.
+// A workload that trains on a GPU is asked to copy them to the host before these three read them and back
+// after they wrote them (Workload::to_host/to_device).
+//
+// (Not to be confused with checkpoint::TrainingState, a checkpoint's contents as read from a file.)
 #pragma once
 
 #include <cstdint>
@@ -29,16 +32,11 @@ class Algorithm;
 namespace sinew::data {
 class DistributedSampler;
 }
-namespace sinew::model {
-class Model;
-}
-namespace sinew::optim {
-class Optimizer;
+namespace sinew::workload {
+class Workload;
 }
 
 namespace sinew::train {
-
-class Device;
 
 /// The learning-rate rescaling ramp after a resize (LrRescaler): factor_from -> factor_to over steps.
 struct LrRamp {
@@ -66,12 +64,11 @@ struct Position {
 static_assert(std::is_trivially_copyable_v<Position>);
 static_assert(sizeof(Position) == std::size_t{14} * 8, "Position must stay free of padding");
 
-/// The state of one member: the Position plus the model's, optimiser's and sampler's own state, which
-/// it reads and writes through references (they stay the owners).
-class TrainState {
+/// The state of one member: the Position plus the workload's and sampler's own state, which it reads and
+/// writes through references (they stay the owners).
+class ReplicatedState {
  public:
-  TrainState(model::Model& net, optim::Optimizer& optimizer, data::DistributedSampler& sampler,
-             std::uint64_t seed);
+  ReplicatedState(workload::Workload& work, data::DistributedSampler& sampler, std::uint64_t seed);
 
   /// The position, with the sampler's and optimiser's counters brought up to date.
   [[nodiscard]] const Position& position();
@@ -82,8 +79,8 @@ class TrainState {
   /// The replicated tensors by checkpoint name: "params", then "optim/<name>" for the optimiser state.
   [[nodiscard]] std::vector<std::pair<std::string, std::span<float>>> tensors();
 
-  /// The state as a checkpoint writer takes it, without a copy: references into the model, the
-  /// optimiser and `algorithm` (its per-rank state as this rank's block of `world`: rank r's shard holds
+  /// The state as a checkpoint writer takes it, without a copy: references into the workload and
+  /// `algorithm` (its per-rank state as this rank's block of `world`: rank r's shard holds
   /// exactly its block, docs/checkpoint-format.md), valid until the next step; with the model's
   /// per-layer views and description. The writer copies what it needs before save()/save_async() return.
   [[nodiscard]] checkpoint::StateRef snapshot_ref(algo::Algorithm& algorithm, int world,
@@ -93,7 +90,8 @@ class TrainState {
   /// seed, tensor sizes); throws CheckpointError naming `path` and the mismatch otherwise. The tensors are
   /// read straight into the model and the optimiser, each byte once and checked (checkpoint::load_into);
   /// on an error they may hold part of the checkpoint. Per-rank algorithm state: this rank's block at the
-  /// same world size, else the blocks' mean. Sets step, epoch, cursor, optimiser steps, and
+  /// same world size, else the blocks' mean. Refuses a checkpoint whose per-tensor views do not match the
+  /// workload's (another model of the same size). Sets step, epoch, cursor, optimiser steps, and
   /// last_eval_epoch = epoch - 1 (a checkpoint at an epoch's end may precede that epoch's evaluation).
   /// Returns the manifest.
   checkpoint::ManifestInfo load(const std::string& path, algo::Algorithm& algorithm, int rank, int world);
@@ -116,18 +114,13 @@ class TrainState {
   /// optimiser state per agreement (every 10 steps).
   void mark_agreed();
 
-  /// --device cuda: the GPU copy of the tensors (not owned; null: the host buffers are the ones trained).
-  void set_device(Device* device) noexcept { device_ = device; }
-
  private:
   void restore(const Position& p);
 
-  model::Model& net_;
-  optim::Optimizer& optimizer_;
+  workload::Workload& work_;
   data::DistributedSampler& sampler_;
   std::uint64_t seed_;
   Position pos_;
-  Device* device_ = nullptr;
   std::optional<Position> agreed_pos_;  // mark_agreed()
   std::vector<std::vector<float>> agreed_;
 };

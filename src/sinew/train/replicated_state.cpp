@@ -1,6 +1,8 @@
-#include "sinew/train/state.hpp"
+#include "sinew/train/replicated_state.hpp"
 
 #include <zlib.h>
+
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <limits>
@@ -11,39 +13,37 @@
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
-#include "sinew/model/model.hpp"
-#include "sinew/optim/optimizer.hpp"
-#include "sinew/train/device.hpp"
+#include "sinew/workload/workload.hpp"
 
 namespace sinew::train {
 
-TrainState::TrainState(model::Model& net, optim::Optimizer& optimizer, data::DistributedSampler& sampler,
-                       std::uint64_t seed)
-    : net_(net), optimizer_(optimizer), sampler_(sampler), seed_(seed) {}
+ReplicatedState::ReplicatedState(workload::Workload& work, data::DistributedSampler& sampler,
+                                 std::uint64_t seed)
+    : work_(work), sampler_(sampler), seed_(seed) {}
 
-const Position& TrainState::position() {
+const Position& ReplicatedState::position() {
   pos_.epoch = sampler_.epoch();
   pos_.cursor = static_cast<std::int64_t>(sampler_.cursor());
-  pos_.optimizer_steps = optimizer_.steps();
+  pos_.optimizer_steps = work_.optimizer_steps();
   return pos_;
 }
 
-void TrainState::restore(const Position& p) {
+void ReplicatedState::restore(const Position& p) {
   pos_ = p;
   sampler_.set_position(p.epoch, static_cast<std::size_t>(p.cursor));
-  optimizer_.set_steps(p.optimizer_steps);
+  work_.set_optimizer_steps(p.optimizer_steps);
 }
 
-std::vector<std::pair<std::string, std::span<float>>> TrainState::tensors() {
+std::vector<std::pair<std::string, std::span<float>>> ReplicatedState::tensors() {
   std::vector<std::pair<std::string, std::span<float>>> out;
-  out.emplace_back("params", net_.params());
-  for (const auto& [name, buf] : optimizer_.state()) out.emplace_back("optim/" + name, buf);
+  out.emplace_back("params", work_.params());
+  for (const auto& [name, buf] : work_.optimizer_state()) out.emplace_back("optim/" + name, buf);
   return out;
 }
 
-checkpoint::StateRef TrainState::snapshot_ref(algo::Algorithm& algorithm, int world,
-                                              std::string config_json) {
-  if (device_ != nullptr) device_->to_host();
+checkpoint::StateRef ReplicatedState::snapshot_ref(algo::Algorithm& algorithm, int world,
+                                                   std::string config_json) {
+  work_.to_host();
   const Position& p = position();
   checkpoint::StateRef st;
   for (const auto& [name, buf] : tensors()) st.tensors[name] = {buf, false};
@@ -58,16 +58,13 @@ checkpoint::StateRef TrainState::snapshot_ref(algo::Algorithm& algorithm, int wo
   st.meta.config_json = std::move(config_json);
   // Per-layer views of "params" ("fc1/weight") and the model's layers, so that readers of the checkpoint
   // can rebuild the model.
-  for (model::ParamView& v : net_.param_views()) {
-    st.meta.views.push_back(
-        {std::move(v.name), "params", v.offset, {v.shape.begin(), v.shape.end()}, std::move(v.layout)});
-  }
-  st.meta.model_json = net_.description_json();
+  st.meta.views = work_.views();
+  st.meta.model_json = work_.description_json();
   return st;
 }
 
-checkpoint::ManifestInfo TrainState::load(const std::string& path, algo::Algorithm& algorithm, int rank,
-                                          int world) {
+checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Algorithm& algorithm, int rank,
+                                               int world) {
   checkpoint::ManifestInfo info = checkpoint::read_manifest(path);
   const checkpoint::TrainingState& st = info.meta;
   if (st.dataset_size != sampler_.dataset_size()) {
@@ -102,6 +99,27 @@ checkpoint::ManifestInfo TrainState::load(const std::string& path, algo::Algorit
                   path, name, *size, buf.size());
     }
     targets.push_back({name, 0, buf});
+  }
+  // Same sizes are not the same model: where the checkpoint names its tensors, each of the workload's must
+  // be there with its place and shape (checked before a byte is read, so nothing is overwritten).
+  if (!st.views.empty()) {
+    for (const TensorView& v : work_.views()) {
+      const auto it = std::find_if(st.views.begin(), st.views.end(), [&](const TensorView& c) {
+        return c.tensor == v.tensor && c.name == v.name;
+      });
+      if (it == st.views.end()) {
+        SINEW_THROW(CheckpointError,
+                    "{} was written for another model: it has no tensor '{}' (this run trains {})", path,
+                    v.name, work_.describe());
+      }
+      if (it->offset != v.offset || it->shape != v.shape) {
+        SINEW_THROW(
+            CheckpointError,
+            "{} was written for another model: its tensor '{}' has shape [{}] at offset {}, this run's "
+            "has [{}] at offset {}",
+            path, v.name, fmt::join(it->shape, ", "), it->offset, fmt::join(v.shape, ", "), v.offset);
+      }
+    }
   }
   // Per-rank algorithm state: this rank's block at the same world size, else the blocks' mean.
   const auto w = static_cast<std::size_t>(world), r = static_cast<std::size_t>(rank);
@@ -139,20 +157,20 @@ checkpoint::ManifestInfo TrainState::load(const std::string& path, algo::Algorit
   p.optimizer_steps = st.optimizer_steps;
   p.last_eval_epoch = st.epoch - 1;
   restore(p);
-  if (device_ != nullptr) device_->to_device();
+  work_.to_device();
   return info;
 }
 
-void TrainState::mark_agreed() {
+void ReplicatedState::mark_agreed() {
   agreed_pos_ = position();
   const auto all = tensors();
   agreed_.resize(all.size());
   for (std::size_t i = 0; i < all.size(); ++i) agreed_[i].assign(all[i].second.begin(), all[i].second.end());
 }
 
-double TrainState::synchronise(comm::Backend& backend, const comm::Options& op, bool rewind) {
+double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options& op, bool rewind) {
   const auto t = Clock::now();
-  if (device_ != nullptr) device_->to_host();
+  work_.to_host();
   if (rewind && agreed_pos_ && pos_.step >= 0) {
     const auto all = tensors();
     for (std::size_t i = 0; i < all.size() && i < agreed_.size(); ++i)
@@ -187,7 +205,7 @@ double TrainState::synchronise(comm::Backend& backend, const comm::Options& op, 
   // After an average too: a reduction need not round the same way on every rank.
   for (const auto& [name, buf] : all) backend.broadcast_sync(comm::Buffer::of(buf), root, op);
   restore(p);
-  if (device_ != nullptr) device_->to_device();
+  work_.to_device();
   // Consistency: a checksum of everything that must be equal, compared as (max, -min).
   uLong crc = crc32(0L, Z_NULL, 0);
   auto add = [&crc](std::span<const std::byte> b) {

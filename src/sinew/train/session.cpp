@@ -1,0 +1,714 @@
+#include "sinew/train/session.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sinew/checkpoint/writer.hpp"
+#include "sinew/core/launch.hpp"
+#include "sinew/core/timer.hpp"
+#include "sinew/data/sampler.hpp"
+#include "sinew/distill/distiller.hpp"
+#include "sinew/mpi/environment.hpp"
+#include "sinew/train/audit.hpp"
+#include "sinew/train/checkpoints.hpp"
+#include "sinew/train/control.hpp"
+#include "sinew/train/device.hpp"
+#include "sinew/train/elastic.hpp"
+#include "sinew/train/events.hpp"
+#include "sinew/train/fabric.hpp"
+#include "sinew/train/layer_options.hpp"
+#include "sinew/train/replicated_state.hpp"
+#include "sinew/train/rescale.hpp"
+
+namespace sinew::train {
+
+using fault::Point;
+
+namespace {
+
+double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
+
+/// Running sums of the steps since the last metrics line (the window) and since the start (totals).
+struct StepStats {
+  double loss = 0, step_ms = 0, comm_ms = 0;
+  std::int64_t steps = 0, samples = 0;
+  std::uint64_t bytes_sent = 0;  // by this rank, for the algorithm
+  double total_step_ms = 0, total_comm_ms = 0;
+  std::int64_t total_steps = 0;
+  double distill_wait_ms = 0;        // window: this rank's wait for teacher logits
+  std::int64_t distill_missing = 0;  // window: this rank's samples trained on labels alone
+  Clock::time_point last_progress = Clock::now();
+
+  void reset_window() {
+    loss = step_ms = comm_ms = distill_wait_ms = 0;
+    steps = samples = distill_missing = 0;
+    bytes_sent = 0;
+  }
+};
+
+/// The names of the workload's tensors that overlap `r`, for error messages ("fc2/weight, fc2/bias").
+std::string tensors_in(const std::vector<TensorView>& views, Slice r) {
+  std::string out;
+  for (const auto& v : views) {
+    if (v.offset < r.end() && r.offset < v.offset + v.count()) out += (out.empty() ? "" : ", ") + v.name;
+  }
+  return out.empty() ? fmt::format("[{}, {})", r.offset, r.end()) : out;
+}
+
+}  // namespace
+
+struct Session::Impl {
+  Config cfg;
+  /// Restart generation (core/launch.hpp: Slurm's requeues and sinew-supervise's relaunches combined):
+  /// orders the audit records of successive launches, makes a relaunch append to the metrics and disables
+  /// fault injection.
+  int generation = launch::current().restart_generation();
+  membership::Group group;
+  workload::Workload& work;
+  SessionParts parts;
+  fault::Plan faults;
+  data::DistributedSampler sampler;
+  ReplicatedState state;
+  Events events;
+  AuditLog audit;
+  StepControl control;
+  LrRescaler lr;
+  FabricSetup setup;
+  ElasticController elastic;
+  CheckpointPolicy checkpoints;
+
+  StepStats stats;
+  Summary sum;
+  /// A recovery is over when the first step after it completes: then its `recovered` event is written.
+  struct PendingRecovery {
+    Clock::time_point detected;
+    RecoveredEvent event;
+  };
+  std::optional<PendingRecovery> pending;
+  Clock::time_point t0 = Clock::now();
+  bool ended = false;            // next() says kDone from now on
+  After end = After::kContinue;  // how the run ended
+  bool final_evaluated = false;  // --max-steps inside an epoch: the last step was evaluated
+
+  // The step being trained.
+  StepPlan plan;
+  Clock::time_point step_start;
+  data::DistributedSampler::Batch batch;
+  bool first_ready = true;
+  std::vector<Slice> ranges;                                   // the workload's ready order
+  std::vector<std::pair<std::size_t, std::size_t>> by_offset;  // (offset, index in ranges), sorted
+  std::vector<std::uint8_t> reported;                          // per range, this step
+  std::vector<TensorView> views;                               // for messages
+
+  // This rank's place in the group, for the teacher service's balancer (read from its threads).
+  std::atomic<int> student_rank{0}, student_size{1};
+  std::unique_ptr<distill::Distiller> distiller;  // --distill-*: the teacher's logits
+  std::vector<float> teacher_logits;              // this micro-batch's teacher logits
+  std::vector<std::uint8_t> has_teacher;
+
+  Impl(Config c, membership::Group g, workload::Workload& w, SessionParts p)
+      : cfg(std::move(c)),
+        group(std::move(g)),
+        work(w),
+        parts(std::move(p)),
+        faults(cfg.inject_fault, group.launch_rank(), generation),
+        sampler(parts.train_size, cfg.seed, /*shuffle=*/true),
+        state(work, sampler, cfg.seed),
+        // A relaunch (sinew-supervise's restart mode, a requeued Slurm job) appends to the first launch's
+        // metrics.
+        events(cfg.metrics, group.rank() == 0 && group.role() != membership::Role::kRecovered,
+               generation > 0),
+        audit(cfg.audit_dir.empty() ? AuditLog() : AuditLog(cfg.audit_dir)),
+        control(parse_resize_schedule(cfg.resize_schedule), cfg.max_ranks, cfg.checkpoint_every),
+        lr(cfg, parts.train_size),
+        setup(fabric_setup()),
+        elastic(cfg, group, setup, state, lr, control, events, faults),
+        checkpoints(cfg, setup.op, state, events, generation),
+        ranges(work.ready_order()),
+        reported(ranges.size(), 0),
+        views(work.views()) {
+    for (std::size_t i = 0; i < ranges.size(); ++i) by_offset.emplace_back(ranges[i].offset, i);
+    std::sort(by_offset.begin(), by_offset.end());
+    if (cfg.algorithm == algo::Kind::kAuto && !parts.compute_ms)
+      SINEW_THROW(InvalidArgument,
+                  "--algorithm auto needs a measure of a step's computation; this driver "
+                  "gives none: choose the algorithm");
+    // Before the group's first collective, so that a teacher that cannot be used fails the launch cleanly.
+    student_rank = group.rank();
+    student_size = group.size();
+    if (distilling(cfg)) {
+      if (!parts.distiller)
+        SINEW_THROW(InvalidArgument, "--distill-*: this driver of the training loop does not distil");
+      distiller = parts.distiller(group.launch_rank(), [this] {
+        return std::pair{student_rank.load(), student_size.load()};
+      });
+      if (group.rank() == 0 && group.role() == membership::Role::kInitial)
+        spdlog::info("distilling from {} (alpha {}, T {})", distiller->describe(), cfg.distill_alpha,
+                     cfg.distill_temperature);
+    }
+    if (group.spare()) {
+      // A hot spare: the data and the model are loaded; it waits in start() until it is promoted.
+    } else if (group.role() == membership::Role::kRecovered) {
+      // Spawned to replace failed ranks: the parents are in grow_to() -> connect() -> synchronise().
+      state.pos().step = -1;
+      try {
+        elastic.connect();
+        elastic.synchronise();
+        elastic.rescale(0, "grow");
+      } catch (const CommFailure& e) {
+        // A member died while this process was joining. It is in the view already (the merge is done),
+        // so the survivors' recovery shrinks over it too: it must take part, or they would wait for it
+        // for ever. recover() takes the state from the most advanced survivor (this process has none).
+        elastic.recover(e);
+      }
+    } else {
+      elastic.connect();
+      // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
+      fabric().backend().broadcast_sync(comm::Buffer::of(work.params()), 0, setup.op);
+      work.to_device();
+      checkpoints.resume(fabric());
+      lr.start(state.pos(), group.size());
+      if (!fabric().algorithm().lockstep()) state.mark_agreed();
+    }
+    lr.build_schedule(state.pos());
+  }
+
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  Impl(Impl&&) = delete;
+  Impl& operator=(Impl&&) = delete;
+  ~Impl() = default;
+
+  Fabric& fabric() { return elastic.fabric(); }
+  [[nodiscard]] std::int64_t step() const { return state.pos().step; }
+
+  FabricSetup fabric_setup() {
+    FabricSetup s = fabric_options(cfg);
+    s.faults = &faults;
+    s.work = &work;
+    s.compute_ms = parts.compute_ms;
+    s.algorithm_event = [this](const nlohmann::json& ev) {
+      events.emit(AlgorithmEvent{ev, step()});
+      if (group.rank() == 0)
+        spdlog::info("algorithm: {} ({})", ev.value("chosen", ""), ev.value("reason", ""));
+    };
+    if (work.on_device()) s.attach_device = [this](comm::Backend& view) { return attach_device(view); };
+    return s;
+  }
+
+  /// A workload on a GPU, in every fabric's construction (collective): a member keeps its GPU; the first
+  /// fabric of a member (at launch, or a spawned replacement's) picks a free one and the workload copies
+  /// its state there.
+  float* attach_device(comm::Backend& view) {
+    const bool first = work.device() < 0;
+    const int d = choose_device(view, setup.op, work.device(), work.visible_devices());
+    float* grads = work.attach_device(d);
+    if (first && view.rank() == 0) spdlog::info("training on one GPU per rank; rank 0: {}", work.describe());
+    return grads;
+  }
+
+  // ---- what next ---------------------------------------------------------------------------------------
+
+  Next next() {
+    for (;;) {
+      if (ended) return Next::kDone;
+      const bool max_reached = cfg.max_steps > 0 && step() >= cfg.max_steps;
+      if (sampler.epoch_done()) {
+        if (state.pos().last_eval_epoch < sampler.epoch()) return Next::kEvaluate;
+        if (sampler.epoch() + 1 >= cfg.epochs || max_reached) {
+          finish_training();
+          continue;
+        }
+        sampler.start_epoch(sampler.epoch() + 1);
+        continue;
+      }
+      if (max_reached) {
+        // Stopped inside an epoch: evaluate what was trained, then end.
+        if (!final_evaluated) return Next::kEvaluate;
+        finish_training();
+        continue;
+      }
+      return Next::kStep;
+    }
+  }
+
+  void finish_training() {
+    checkpoints.save(fabric(), "end");
+    ended = true;
+  }
+
+  // ---- evaluation --------------------------------------------------------------------------------------
+
+  std::pair<std::size_t, std::size_t> begin_evaluation(std::size_t n) {
+    auto& f = fabric();
+    f.algorithm().consensus();  // evaluate the group's one model
+    const auto r = static_cast<std::size_t>(f.rank());
+    const auto w = static_cast<std::size_t>(f.size());
+    return {n * r / w, n * (r + 1) / w};
+  }
+
+  void end_evaluation(const workload::EvalSums& s, std::size_t count) {
+    auto& f = fabric();
+    double sums[3] = {s.loss, static_cast<double>(s.correct), static_cast<double>(count)};
+    f.backend().allreduce_sync(comm::Buffer::of(std::span<double>(sums)), comm::ReduceOp::kSum, setup.op);
+    const double test_loss = sums[0] / std::max(sums[2], 1.0);
+    const double test_acc = sums[1] / std::max(sums[2], 1.0);
+    sum.test_accuracy = test_acc;
+    sum.test_loss = test_loss;
+    sum.epochs = static_cast<int>(sampler.epoch()) + 1;
+    events.emit(EvalEvent{sampler.epoch(), step(), f.size(), test_acc, test_loss});
+    if (sampler.epoch_done()) {
+      if (f.rank() == 0) {
+        spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1,
+                     100 * test_acc, test_loss);
+      }
+      state.pos().last_eval_epoch = sampler.epoch();
+    } else {
+      final_evaluated = true;
+    }
+  }
+
+  // ---- one step ----------------------------------------------------------------------------------------
+
+  /// Steps left at the current size: the rest of this epoch, then whole epochs (for progress and ETA).
+  [[nodiscard]] std::int64_t steps_remaining() {
+    const auto g = static_cast<double>(lr.step_batch(fabric().size()));
+    const auto n = static_cast<double>(parts.train_size);
+    const double rest = std::ceil(static_cast<double>(parts.train_size - sampler.cursor()) / g);
+    std::int64_t left =
+        static_cast<std::int64_t>(rest) + static_cast<std::int64_t>(std::ceil(n / g)) *
+                                              std::max<std::int64_t>(0, cfg.epochs - 1 - sampler.epoch());
+    if (cfg.max_steps > 0) left = std::min(left, cfg.max_steps - step());
+    return left;
+  }
+
+  /// Asks for the teacher logits of this rank's samples in the next --distill-prefetch steps (the sampler's
+  /// order is known; a resize makes some of them someone else's, which costs a request, nothing more).
+  void prefetch_teacher(int rank, int world, std::size_t step_total, std::size_t micro) {
+    if (!distiller || cfg.distill_prefetch == 0) return;
+    const std::size_t remaining = parts.train_size - sampler.cursor();
+    for (int d = 0; d <= cfg.distill_prefetch; ++d) {  // d = 0: this step, first in the queue
+      const std::size_t off = static_cast<std::size_t>(d) * step_total;
+      if (off >= remaining) break;
+      const std::size_t g = std::min(step_total, remaining - off);
+      for (std::size_t j = 0; j < g; j += micro)
+        distiller->prefetch(sampler.peek_range(rank, world, off + j, std::min(micro, g - j)).indices);
+    }
+  }
+
+  workload::Teacher teacher(std::span<const std::size_t> indices) {
+    SINEW_ENFORCE(distiller != nullptr, "teacher() without a --distill-* source");
+    const auto got = distiller->take(indices, teacher_logits, has_teacher);
+    stats.distill_wait_ms += got.wait_ms;
+    stats.distill_missing += static_cast<std::int64_t>(got.missing);
+    if (got.missing > 0) {
+      spdlog::warn(
+          "step {}: {} of {} samples trained on their labels alone (no teacher logits after {:.0f} ms: {})",
+          plan.step, got.missing, got.samples, got.wait_ms, got.reason);
+    }
+    return {teacher_logits, has_teacher, cfg.distill_alpha, cfg.distill_temperature};
+  }
+
+  const StepPlan& begin_step() {
+    auto& f = fabric();
+    const int rank = f.rank(), world = f.size();
+    step_start = Clock::now();
+    plan.step = step() + 1;
+    plan.epoch = sampler.epoch();
+    const std::size_t micro = static_cast<std::size_t>(world) * cfg.batch_size;
+    plan.total = std::min(lr.step_batch(world), parts.train_size - sampler.cursor());
+    plan.micro_batches = (plan.total + micro - 1) / micro;
+    plan.lr = lr.lr(state.position());
+    student_rank = rank;
+    student_size = world;
+    prefetch_teacher(rank, world, plan.total, micro);
+    first_ready = true;
+    std::fill(reported.begin(), reported.end(), 0);
+    f.algorithm().begin_step(plan.step);
+    plan.reduces_gradients = f.algorithm().reduces_gradients(plan.step);
+    return plan;
+  }
+
+  std::span<const std::size_t> micro_batch(std::size_t j) {
+    SINEW_ENFORCE(j < plan.micro_batches, "micro-batch {} of a step of {}", j, plan.micro_batches);
+    auto& f = fabric();
+    const std::size_t micro = static_cast<std::size_t>(f.size()) * cfg.batch_size;
+    const std::size_t offset = j * micro;
+    batch = sampler.peek_range(f.rank(), f.size(), offset, std::min(micro, plan.total - offset));
+    audit.record(generation, group.epoch(), plan.step, sampler.epoch(), batch.indices);
+    if (j == 0 && !batch.indices.empty()) faults.at(Point::kForward, plan.step);
+    return batch.indices;
+  }
+
+  /// Marks `r` reported this step; throws InvalidArgument for a range the workload does not list.
+  void track(Slice r) {
+    const auto it = std::lower_bound(by_offset.begin(), by_offset.end(), std::pair{r.offset, std::size_t{0}});
+    if (it == by_offset.end() || it->first != r.offset || ranges[it->second] != r) {
+      SINEW_THROW(InvalidArgument,
+                  "a gradient range [{}, {}) was reported that is not one of the workload's ranges "
+                  "(ready_order())",
+                  r.offset, r.end());
+    }
+    if (reported[it->second] != 0)
+      SINEW_THROW(InvalidArgument, "the gradients of {} were reported twice in step {}", tensors_in(views, r),
+                  plan.step);
+    reported[it->second] = 1;
+  }
+
+  void reduction_started() {
+    if (first_ready) {
+      first_ready = false;
+      faults.at(Point::kAllreduce, plan.step);  // the peers are now inside the gradient allreduce
+    }
+  }
+
+  void grad_ready(Slice r) {
+    if (!plan.reduces_gradients) return;
+    track(r);
+    fabric().mark_ready(r);
+    reduction_started();
+  }
+
+  void grad_ready(Slice r, CUevent_st* e) {
+    if (!plan.reduces_gradients) return;
+    track(r);
+    fabric().mark_ready(r, e);
+    reduction_started();
+  }
+
+  /// The ranges never reported in this step: --find-unused-parameters reduces them as zeros (DDP's
+  /// find_unused_parameters), else the step fails naming them.
+  void unreported_ranges() {
+    std::vector<Slice> missing;
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      if (reported[i] == 0) missing.push_back(ranges[i]);
+    if (missing.empty()) return;
+    if (!cfg.find_unused_parameters) {
+      std::string names;
+      for (const Slice& r : missing) names += (names.empty() ? "" : "; ") + tensors_in(views, r);
+      SINEW_THROW(
+          InvalidArgument,
+          "step {}: no gradient was reported for {} ({} of {} gradient ranges): parameters that take "
+          "no part in the loss; give --find-unused-parameters to reduce them as zeros, or remove them "
+          "from the model",
+          plan.step, names, missing.size(), ranges.size());
+    }
+    if (work.on_device()) {
+      SINEW_THROW(InvalidArgument,
+                  "step {}: no gradient was reported for {}; --find-unused-parameters works on gradients in "
+                  "host memory only",
+                  plan.step, tensors_in(views, missing.front()));
+    }
+    for (const Slice& r : missing) {
+      const auto g = r.of(work.grads());
+      std::fill(g.begin(), g.end(), 0.f);
+      fabric().mark_ready(r);
+      reduction_started();
+    }
+  }
+
+  void end_step(double local_loss) {
+    auto& f = fabric();
+    const std::int64_t next = plan.step;
+    double comm_ms = 0;
+    if (plan.reduces_gradients) {
+      unreported_ranges();
+      f.finish_reduction();
+      comm_ms = f.last_comm_ms();
+    }
+    // Without a gradient reduction the algorithm communicates in its step (qadam) or after it: the peers
+    // are about to enter that exchange.
+    if (!plan.reduces_gradients) faults.at(Point::kAllreduce, next);
+    faults.at(Point::kOptimizer, next);
+    f.algorithm().step(next, plan.lr);
+    const auto ta = Clock::now();
+    f.algorithm().after_step(next);
+    if (!plan.reduces_gradients) comm_ms += ms_since(ta);
+    sampler.advance(plan.total);
+    state.pos().step = next;
+    const double step_ms = ms_since(step_start);
+    if (distiller) distiller->step_done(step_ms);
+    const auto sent = f.take_bytes_sent();
+    stats.bytes_sent += sent;
+    sum.bytes_sent += sent;
+    stats.step_ms += step_ms;
+    stats.comm_ms += comm_ms;
+    stats.total_step_ms += step_ms;
+    stats.total_comm_ms += comm_ms;
+    ++stats.total_steps;
+    stats.loss += local_loss;
+    stats.samples += static_cast<std::int64_t>(plan.total);
+    sum.samples += static_cast<std::int64_t>(plan.total);
+    ++stats.steps;
+    if (pending) {  // the first step after a recovery completed: the recovery is over
+      pending->event.first_step_ms = step_ms;
+      pending->event.total_ms = ms_since(pending->detected);
+      pending->event.step = next;
+      events.emit(pending->event);
+      if (f.rank() == 0)
+        spdlog::info("recovered: first step done {:.1f} ms after the failure was detected",
+                     pending->event.total_ms);
+      pending.reset();
+    }
+    const bool epoch_end = sampler.epoch_done();
+    if (next % cfg.log_every == 0 || epoch_end || (cfg.max_steps > 0 && next >= cfg.max_steps))
+      log_window(plan.lr);
+  }
+
+  /// A metrics line (and the progress line) with the window's means; the loss is reduced over the group.
+  void log_window(float rate) {
+    auto& f = fabric();
+    // Each rank's loss share sums to the global mean loss; the distillation figures sum over the ranks.
+    double agg[3] = {stats.loss, stats.distill_wait_ms, static_cast<double>(stats.distill_missing)};
+    f.backend().allreduce_sync(comm::Buffer::of(std::span<double>(agg)), comm::ReduceOp::kSum, setup.op);
+    const auto steps = static_cast<double>(stats.steps);
+    const double mean_loss = agg[0] / steps;
+    sum.final_train_loss = mean_loss;
+    const double sps = static_cast<double>(stats.samples) / (stats.step_ms / 1e3);
+    StepEvent e;
+    e.step = step();
+    e.epoch = sampler.epoch();
+    e.world_size = f.size();
+    e.loss = mean_loss;
+    e.lr = rate;
+    e.samples_per_s = std::round(sps);
+    e.step_ms = stats.step_ms / steps;
+    e.comm_ms = stats.comm_ms / steps;
+    e.exposed_comm_ms = f.last_exposed_ms();
+    e.bytes_sent_per_step = static_cast<double>(stats.bytes_sent) / steps;
+    if (distiller) {
+      e.distilling = true;
+      e.distill_wait_ms = agg[1] / steps / static_cast<double>(f.size());
+      e.distill_missing = static_cast<std::int64_t>(agg[2]);
+    }
+    events.emit(e);
+    if (f.rank() == 0 && cfg.progress && seconds_since(stats.last_progress) > 2.0) {
+      stats.last_progress = Clock::now();
+      const std::int64_t left = steps_remaining();
+      const double eta =
+          (stats.total_step_ms / static_cast<double>(stats.total_steps)) * static_cast<double>(left) / 1e3;
+      spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {} ranks {:.0f} samples/s ETA {:.0f}s",
+                   sampler.epoch() + 1, cfg.epochs, step(), step() + left, mean_loss, rate, f.size(), sps,
+                   eta);
+    }
+    stats.reset_window();
+  }
+
+  // ---- step boundaries: signals, leave requests, job-server resizes, checkpoints ----------------------
+
+  After boundary() {
+    if (cfg.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
+    const After a = at_boundary();
+    if (a != After::kContinue) {
+      // A stop: its checkpoint was taken synchronously; one still in the background is committed first.
+      if (a == After::kStop) checkpoints.progress(fabric());
+      ended = true;
+      end = a;
+    }
+    return a;
+  }
+
+  After at_boundary() {
+    auto& f = fabric();
+    const auto tc = Clock::now();
+    auto* writer = f.writer();
+    const Decision d =
+        control.agree(state.pos(), f.backend(), setup.op, writer != nullptr, CheckpointPolicy::in_flight(f),
+                      writer != nullptr && writer->async_ready());
+    if (!d.agreed) return After::kContinue;
+    // Every member completed this step (the agreement was a collective over all of them).
+    if (!f.algorithm().lockstep()) state.mark_agreed();
+    After next = After::kContinue;
+    if (d.stop_signal != 0) {
+      next = After::kStop;
+      sum.stopped_by_signal = d.stop_signal;
+      if (f.rank() == 0)
+        spdlog::warn("signal {} received: checkpointing at step {} and stopping", d.stop_signal, step());
+    }
+    if (CheckpointPolicy::in_flight(f) && (!d.async_pending || d.asked > 0 || d.resize_due))
+      checkpoints.progress(f, /*wait=*/d.asked > 0 || d.resize_due);
+    if (next == After::kStop || d.checkpoint_due) {
+      checkpoints.save(f, next == After::kStop ? "signal" : "periodic",
+                       cfg.checkpoint_async && next != After::kStop && d.asked == 0 && !d.resize_due);
+    }
+    sum.checkpoint_ms += ms_since(tc);
+    if (next == After::kStop) return next;
+    const int world = f.size();
+    if (d.asked > 0 && d.asked < world) {
+      state.pos().target_override = world - d.asked;
+      if (elastic.leave(d.leaving, "requested")) return After::kLeft;
+    }
+    const int size = fabric().size();  // the fabric changed if members left
+    const int target = control.target_size(state.pos());
+    if (target < size) {
+      std::vector<bool> extra(static_cast<std::size_t>(size), false);
+      for (int r = target; r < size; ++r) extra[static_cast<std::size_t>(r)] = true;
+      if (elastic.leave(extra, "job server")) return After::kLeft;
+    } else if (target > size && control.has_schedule()) {
+      elastic.grow_to(target, "job server");
+    }
+    return After::kContinue;
+  }
+
+  // ---- the run -----------------------------------------------------------------------------------------
+
+  void announce_start() {
+    auto& f = fabric();
+    if (f.rank() != 0 || group.role() != membership::Role::kInitial) return;
+    const std::int64_t total = step() + steps_remaining();
+    spdlog::info("training {} on {} ({} train samples), {} ranks x batch {}, {} steps", work.describe(),
+                 cfg.dataset, parts.train_size, f.size(), cfg.batch_size, total);
+    StartEvent e;
+    e.world_size = f.size();
+    e.model = cfg.model;
+    e.dataset = cfg.dataset;
+    e.params = work.params().size();
+    e.batch_size = cfg.batch_size;
+    e.global_batch = lr.step_batch(f.size());
+    e.steps = total;
+    e.buckets = f.num_buckets();
+    e.elastic = name_of(kElasticNames, cfg.elastic);
+    e.spares = group.spares();
+    e.mpi = mpi::library_version();
+    e.ulfm = mpi::ulfm_enabled();
+    events.emit(e);
+  }
+
+  bool start() {
+    if (group.spare()) {
+      // Waits without a core until the members reform the pool. Dismissed at the end: it never trained,
+      // and leaves like a member that left on request.
+      const auto how = group.wait_as_spare();
+      if (!how) {
+        ended = true;
+        end = After::kLeft;
+        return false;
+      }
+      spdlog::info("hot spare (launch rank {}) promoted to rank {} of {}", group.launch_rank(), group.rank(),
+                   group.size());
+      elastic.join_promoted(*how);
+      lr.build_schedule(state.pos());
+    }
+    t0 = Clock::now();
+    announce_start();
+    return true;
+  }
+
+  void recover(const CommFailure& e) {
+    const bool inplace = cfg.elastic == ElasticMode::kInplace && mpi::ulfm_enabled();
+    if (!inplace) {
+      if (cfg.elastic == ElasticMode::kOff) {
+        // The failure itself, with its type (a Timeout stays one) when called from its handler.
+        if (std::current_exception()) std::rethrow_exception(std::current_exception());
+        throw e;
+      }
+      // Restart mode (asked for, or no usable ULFM): the supervisor relaunches from the checkpoint.
+      SINEW_THROW(RelaunchRequest, "{}; exiting for a relaunch from the latest checkpoint (--elastic {})",
+                  e.message(), name_of(kElasticNames, cfg.elastic));
+    }
+    ++sum.failures;
+    const RecoveryReport rep = elastic.recover(e);
+    stats.reset_window();     // its partial sums included the lost step
+    final_evaluated = false;  // a replacement evaluates with the others: all do it again
+    pending = PendingRecovery{rep.detected, {rep.world_size, group.epoch(), 0, 0, 0}};
+    if (rep.world_size < cfg.min_ranks) {
+      sum.below_min_ranks = true;
+      if (fabric().rank() == 0) {
+        spdlog::error("only {} ranks left, below --min-ranks {}: checkpointing step {} and stopping",
+                      rep.world_size, cfg.min_ranks, step());
+      }
+      checkpoints.save(fabric(), "min-ranks");
+      ended = true;
+    }
+  }
+
+  Summary finish() {
+    sum.checkpoint_error = checkpoints.error();
+    if (end != After::kLeft) group.dismiss_spares();  // training is over: the idle spares leave
+    if (end == After::kLeft) {
+      sum.left = true;
+      return sum;
+    }
+    sum.steps = step();
+    sum.world_size = fabric().size();
+    sum.wall_s = seconds_since(t0);
+    const auto n = static_cast<double>(stats.total_steps);
+    sum.mean_step_ms = stats.total_steps > 0 ? stats.total_step_ms / n : 0;
+    sum.mean_comm_ms = stats.total_steps > 0 ? stats.total_comm_ms / n : 0;
+    sum.samples_per_s = static_cast<double>(sum.samples) / (stats.total_step_ms / 1e3);
+    DoneEvent e;
+    e.test_accuracy = sum.test_accuracy;
+    e.test_loss = sum.test_loss;
+    e.train_loss = sum.final_train_loss;
+    e.steps = sum.steps;
+    e.epochs = sum.epochs;
+    e.samples = sum.samples;
+    e.world_size = sum.world_size;
+    e.failures = sum.failures;
+    e.wall_s = sum.wall_s;
+    e.step_ms = sum.mean_step_ms;
+    e.comm_ms = sum.mean_comm_ms;
+    e.samples_per_s = std::round(sum.samples_per_s);
+    e.train_s = stats.total_step_ms / 1e3;
+    e.algorithm = fabric().algorithm().name();
+    e.bytes_sent_per_step =
+        sum.steps > 0 ? static_cast<double>(sum.bytes_sent) / static_cast<double>(sum.steps) : 0.0;
+    e.stopped_by_signal = sum.stopped_by_signal;
+    e.below_min_ranks = sum.below_min_ranks;
+    e.checkpoint_error = sum.checkpoint_error;
+    if (distiller) {
+      const auto t = distiller->totals();
+      e.teacher = distiller->describe();
+      e.distill_wait_ms_per_step = t.steps > 0 ? t.wait_ms / static_cast<double>(t.steps) : 0.0;
+      e.distill_missing = t.missing;
+      e.distill_failed_requests = t.failed_requests;
+      e.distill_failovers = t.failovers;
+      if (fabric().rank() == 0) {
+        spdlog::info(
+            "distillation: {:.2f} ms per step waiting for teacher logits, {} samples on labels alone, {} "
+            "requests failed over to another teacher, {} failed (rank 0)",
+            e.distill_wait_ms_per_step, t.missing, t.failovers, t.failed_requests);
+      }
+    }
+    events.emit(e);
+    return sum;
+  }
+};
+
+Session::Session(Config config, membership::Group group, workload::Workload& work, SessionParts parts)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(group), work, std::move(parts))) {}
+Session::~Session() = default;
+bool Session::start() { return impl_->start(); }
+Next Session::next() { return impl_->next(); }
+const StepPlan& Session::begin_step() { return impl_->begin_step(); }
+std::span<const std::size_t> Session::micro_batch(std::size_t j) { return impl_->micro_batch(j); }
+void Session::grad_ready(Slice range) { impl_->grad_ready(range); }
+void Session::grad_ready(Slice range, CUevent_st* ready) { impl_->grad_ready(range, ready); }
+void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
+After Session::boundary() { return impl_->boundary(); }
+std::pair<std::size_t, std::size_t> Session::begin_evaluation(std::size_t test_size) {
+  return impl_->begin_evaluation(test_size);
+}
+void Session::end_evaluation(const workload::EvalSums& sums, std::size_t count) {
+  impl_->end_evaluation(sums, count);
+}
+void Session::recover(const CommFailure& e) { impl_->recover(e); }
+Summary Session::finish() { return impl_->finish(); }
+void Session::fault(fault::Point p) { impl_->faults.at(p, impl_->plan.step); }
+workload::Teacher Session::teacher(std::span<const std::size_t> indices) { return impl_->teacher(indices); }
+const Config& Session::config() const noexcept { return impl_->cfg; }
+int Session::rank() const { return impl_->group.rank(); }
+int Session::size() const { return impl_->group.size(); }
+std::int64_t Session::step() const { return impl_->step(); }
+const membership::Group& Session::group() const { return impl_->group; }
+
+}  // namespace sinew::train
