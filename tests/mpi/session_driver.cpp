@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/drive_session.hpp"
 #include "../support/flat_workload.hpp"
 #include "../support/linear_model.hpp"
 #include "sinew/core/error.hpp"
@@ -87,37 +88,7 @@ int run(int argc, char** argv) {
     parts.train_size = kTrain;
     train::Session s(cfg, std::move(group), work, std::move(parts));
 
-    if (s.start()) {
-      for (;;) {
-        try {
-          for (train::Next n = s.next(); n != train::Next::kDone; n = s.next()) {
-            if (n == train::Next::kEvaluate) {
-              const auto [first, last] = s.begin_evaluation(kTest);
-              std::vector<std::size_t> idx;
-              for (std::size_t i = first; i < last; ++i) idx.push_back(kTestFirst + i);
-              s.end_evaluation(model.evaluate(work.params(), idx), idx.size());
-              continue;
-            }
-            const train::StepPlan& p = s.begin_step();
-            double loss = 0;
-            for (std::size_t j = 0; j < p.micro_batches; ++j) {
-              const auto indices = s.micro_batch(j);
-              const bool last = j + 1 == p.micro_batches;
-              if (j == 0) s.fault(fault::Point::kBackward);
-              loss += model.train(
-                  work.params(), work.grads(), indices, static_cast<double>(p.total), j > 0,
-                  last ? workload::ReadyFn([&s](Slice r) { s.grad_ready(r); }) : workload::ReadyFn());
-            }
-            s.end_step(loss);
-            if (s.boundary() != train::After::kContinue) break;
-          }
-          break;
-        } catch (const CommFailure& e) {
-          s.recover(e);
-        }
-      }
-    }
-    const train::Summary sum = s.finish();
+    const train::Summary sum = test_support::drive(s, model, work, {kTestFirst, kTest});
     if (!sum.left && s.rank() == 0 && !out.empty()) {
       std::ofstream f(out);
       f << "{\"params\": [";

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/drive_session.hpp"
 #include "../support/flat_workload.hpp"
 #include "../support/linear_model.hpp"
 #include "shared_temp_dir.hpp"
@@ -51,27 +52,7 @@ std::vector<float> train_over(const mpi::Communicator& comm, const train::Config
   train::SessionParts parts;
   parts.train_size = kTrain;
   train::Session s(c, membership::Group::over(comm), work, std::move(parts));
-  EXPECT_TRUE(s.start());
-  for (train::Next n = s.next(); n != train::Next::kDone; n = s.next()) {
-    if (n == train::Next::kEvaluate) {
-      const auto [first, last] = s.begin_evaluation(16);
-      std::vector<std::size_t> idx;
-      for (std::size_t i = first; i < last; ++i) idx.push_back(1000 + i);
-      s.end_evaluation(model.evaluate(work.params(), idx), idx.size());
-      continue;
-    }
-    const train::StepPlan& p = s.begin_step();
-    double loss = 0;
-    for (std::size_t j = 0; j < p.micro_batches; ++j) {
-      const auto indices = s.micro_batch(j);
-      loss += model.train(work.params(), work.grads(), indices, static_cast<double>(p.total), j > 0,
-                          j + 1 == p.micro_batches ? workload::ReadyFn([&s](Slice r) { s.grad_ready(r); })
-                                                   : workload::ReadyFn());
-    }
-    s.end_step(loss);
-    EXPECT_EQ(s.boundary(), train::After::kContinue);
-  }
-  const train::Summary sum = s.finish();
+  const train::Summary sum = test_support::drive(s, model, work, {1000, 16});
   EXPECT_EQ(sum.exit_code(), 0);
   EXPECT_EQ(sum.steps,
             static_cast<std::int64_t>(2 * kTrain / (c.batch_size * static_cast<std::size_t>(comm.size()))));
