@@ -27,6 +27,7 @@
 #include "sinew/core/log.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
+#include "sinew/train/layer_options.hpp"
 #include "sinew/train/session.hpp"
 
 using namespace sinew;
@@ -82,7 +83,7 @@ int run(int argc, char** argv) {
   log::init(group.rank(), group.size(), log::parse_level(cfg.log_level));
   int code = 0;
   {
-    optim::OptimizerOptions oo{cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.nesterov};
+    const optim::OptimizerOptions oo = train::optimizer_options(cfg);
     test_support::FlatWorkload work(model.num_params(), oo, model.ready_order(), model.views());
     train::SessionParts parts;
     parts.train_size = kTrain;

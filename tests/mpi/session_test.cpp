@@ -20,6 +20,7 @@
 #include "sinew/core/error.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/communicator.hpp"
+#include "sinew/train/layer_options.hpp"
 #include "sinew/train/session.hpp"
 
 using namespace sinew;
@@ -46,7 +47,7 @@ train::Config config(std::size_t batch) {
 /// workload's tensors, if not the model's.
 std::vector<float> train_over(const mpi::Communicator& comm, const train::Config& c,
                               const test_support::LinearModel& model, std::vector<TensorView> views = {}) {
-  optim::OptimizerOptions oo{c.optimizer, c.momentum, c.weight_decay, c.nesterov};
+  const optim::OptimizerOptions oo = train::optimizer_options(c);
   test_support::FlatWorkload work(model.num_params(), oo, model.ready_order(),
                                   views.empty() ? model.views() : std::move(views));
   train::SessionParts parts;
