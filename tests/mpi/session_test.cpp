@@ -46,7 +46,8 @@ train::Config config(std::size_t batch) {
 /// Trains `model` over `comm` with the documented loop; returns the final parameters. `views`: the
 /// workload's tensors, if not the model's.
 std::vector<float> train_over(const mpi::Communicator& comm, const train::Config& c,
-                              const test_support::LinearModel& model, std::vector<TensorView> views = {}) {
+                              const test_support::LinearModel& model, std::vector<TensorView> views = {},
+                              std::size_t micro_batches = 1) {
   const optim::OptimizerOptions oo = train::optimizer_options(c);
   test_support::FlatWorkload work(model.num_params(), oo, model.ready_order(),
                                   views.empty() ? model.views() : std::move(views));
@@ -56,7 +57,8 @@ std::vector<float> train_over(const mpi::Communicator& comm, const train::Config
   const train::Summary sum = test_support::drive(s, model, work, {1000, 16});
   EXPECT_EQ(sum.exit_code(), 0);
   EXPECT_EQ(sum.steps,
-            static_cast<std::int64_t>(2 * kTrain / (c.batch_size * static_cast<std::size_t>(comm.size()))));
+            static_cast<std::int64_t>(
+                2 * kTrain / (micro_batches * c.batch_size * static_cast<std::size_t>(comm.size()))));
   return {work.params().begin(), work.params().end()};
 }
 
@@ -75,6 +77,20 @@ TEST(Session, CallerDrivenStepsMatchOneProcessWithTheGlobalBatch) {
   const auto alone =
       train_over(mpi::Communicator::borrow(MPI_COMM_SELF), config(4 * static_cast<std::size_t>(n)), model);
   ASSERT_EQ(parallel.size(), alone.size());
+  for (std::size_t i = 0; i < parallel.size(); ++i)
+    EXPECT_NEAR(parallel[i], alone[i], 1e-5f * (1.f + std::abs(alone[i]))) << "parameter " << i;
+}
+
+TEST(Session, AccumulatedMicroBatchesMatchOneProcessWithTheGlobalBatch) {
+  // --global-batch larger than ranks x batch: each step is two micro-batches, accumulated by the caller
+  // (its gradients, `accumulate` after the first) and reported once, in the last.
+  const int n = world_size();
+  const test_support::LinearModel model;
+  train::Config c = config(2);
+  c.global_batch = 4 * static_cast<std::size_t>(n);
+  const auto parallel = train_over(mpi::Communicator::borrow(MPI_COMM_WORLD), c, model, {}, 2);
+  const auto alone =
+      train_over(mpi::Communicator::borrow(MPI_COMM_SELF), config(4 * static_cast<std::size_t>(n)), model);
   for (std::size_t i = 0; i < parallel.size(); ++i)
     EXPECT_NEAR(parallel[i], alone[i], 1e-5f * (1.f + std::abs(alone[i]))) << "parameter " << i;
 }
