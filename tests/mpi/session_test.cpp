@@ -98,15 +98,19 @@ TEST(Session, AccumulatedMicroBatchesMatchOneProcessWithTheGlobalBatch) {
 TEST(Session, UnusedParametersAreReducedAsZerosWithTheOption) {
   test_support::LinearModel with;
   with.unused = true;
-  train::Config c = config(4);
-  c.find_unused_parameters = true;
-  const auto a = train_over(mpi::Communicator::borrow(MPI_COMM_WORLD), c, with);
-  const auto b =
-      train_over(mpi::Communicator::borrow(MPI_COMM_WORLD), config(4), test_support::LinearModel{});
-  ASSERT_EQ(a.size(), b.size() + 3);
-  for (std::size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[i], b[i]) << "parameter " << i;
-  // Zero gradients with plain SGD: the block never moves from its initial zeros.
-  for (std::size_t i = b.size(); i < a.size(); ++i) EXPECT_EQ(a[i], 0.f) << "unused parameter " << i;
+  for (const bool overlap : {true, false}) {  // buckets reduced on the communication thread, or at the end
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    train::Config c = config(4);
+    c.overlap = overlap;
+    c.find_unused_parameters = true;
+    const auto a = train_over(mpi::Communicator::borrow(MPI_COMM_WORLD), c, with);
+    const auto b =
+        train_over(mpi::Communicator::borrow(MPI_COMM_WORLD), config(4), test_support::LinearModel{});
+    ASSERT_EQ(a.size(), b.size() + 3);
+    for (std::size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[i], b[i]) << "parameter " << i;
+    // Zero gradients with plain SGD: the block never moves from its initial zeros.
+    for (std::size_t i = b.size(); i < a.size(); ++i) EXPECT_EQ(a[i], 0.f) << "unused parameter " << i;
+  }
 }
 
 TEST(Session, AnUnreportedRangeWithoutTheOptionFailsNamingIt) {
