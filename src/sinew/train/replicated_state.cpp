@@ -38,6 +38,7 @@ std::vector<std::pair<std::string, std::span<float>>> ReplicatedState::tensors()
   std::vector<std::pair<std::string, std::span<float>>> out;
   out.emplace_back("params", work_.params());
   for (const auto& [name, buf] : work_.optimizer_state()) out.emplace_back("optim/" + name, buf);
+  for (const auto& [name, buf] : work_.buffers()) out.emplace_back("buffers/" + name, buf);
   return out;
 }
 

@@ -1,12 +1,14 @@
 #include "sinew/train/session.hpp"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <exception>
 #include <cmath>
+#include <exception>
 #include <optional>
 #include <string>
 #include <thread>
@@ -62,6 +64,51 @@ std::string tensors_in(const std::vector<TensorView>& views, Slice r) {
     if (v.offset < r.end() && r.offset < v.offset + v.count()) out += (out.empty() ? "" : ", ") + v.name;
   }
   return out.empty() ? fmt::format("[{}, {})", r.offset, r.end()) : out;
+}
+
+/// One line per tensor of the model: its name and shape.
+std::vector<std::string> model_lines(const std::vector<TensorView>& views) {
+  std::vector<std::string> out;
+  out.reserve(views.size());
+  for (const TensorView& v : views) out.push_back(fmt::format("{} [{}]", v.name, fmt::join(v.shape, ", ")));
+  return out;
+}
+
+/// Every first-launch member must train the same model: its tensors' names and shapes are compared with
+/// rank 0's (collective) before the parameters are made rank 0's, which for models of another size would
+/// otherwise fail as a broadcast of the wrong length. Throws InvalidArgument on every rank; the ranks whose
+/// model differs name the first tensor that does.
+void check_same_model(comm::Backend& backend, const comm::Options& op, const workload::Workload& work) {
+  const std::vector<std::string> lines = model_lines(work.views());
+  std::string mine = fmt::format("{}", fmt::join(lines, "\n"));
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(mine.data()), static_cast<uInt>(mine.size()));
+  std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
+  if (cmp[0] == -cmp[1]) return;
+  std::int64_t len[1] = {static_cast<std::int64_t>(mine.size())};
+  backend.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(len)), 0, op);
+  std::string root(static_cast<std::size_t>(len[0]), '\0');
+  if (backend.rank() == 0) root = mine;
+  backend.broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(root))), 0, op);
+  if (root == mine) {
+    SINEW_THROW(InvalidArgument,
+                "the ranks train different models (this rank's is rank 0's; the ranks whose model differs "
+                "name the first tensor that does): build the same model with the same arguments everywhere");
+  }
+  std::vector<std::string> theirs;
+  for (std::size_t a = 0, b; a <= root.size(); a = b + 1) {
+    b = root.find('\n', a);
+    if (b == std::string::npos) b = root.size();
+    theirs.push_back(root.substr(a, b - a));
+  }
+  std::size_t i = 0;
+  while (i < lines.size() && i < theirs.size() && lines[i] == theirs[i]) ++i;
+  SINEW_THROW(InvalidArgument,
+              "this rank's model differs from rank 0's at tensor {}: here {}, on rank 0 {}: build the same "
+              "model with the same arguments everywhere",
+              i, i < lines.size() ? lines[i] : "nothing (fewer tensors)",
+              i < theirs.size() ? theirs[i] : "nothing (fewer tensors)");
 }
 
 }  // namespace
@@ -172,6 +219,7 @@ struct Session::Impl {
       }
     } else {
       elastic.connect();
+      check_same_model(fabric().backend(), setup.op, work);
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
       fabric().backend().broadcast_sync(comm::Buffer::of(work.params()), 0, setup.op);
       work.to_device();
@@ -432,6 +480,9 @@ struct Session::Impl {
     f.algorithm().step(next, plan.lr);
     const auto ta = Clock::now();
     f.algorithm().after_step(next);
+    // The model's buffers (BatchNorm's running statistics) are rank 0's everywhere, as DDP's.
+    for (const auto& [name, buf] : work.buffers())
+      f.backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
     if (!plan.reduces_gradients) comm_ms += ms_since(ta);
     sampler.advance(plan.total);
     state.pos().step = next;

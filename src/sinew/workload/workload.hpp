@@ -121,6 +121,12 @@ class Workload {
   /// or this rank's share of it for the algorithms that step on local gradients); increments the steps.
   virtual void optimizer_step(float lr) = 0;
 
+  /// State of the model that is not trained but must be the same on every rank (BatchNorm's running
+  /// statistics), by name, each of any size: checkpoints hold them as "buffers/<name>", a replacement
+  /// receives them, and the session makes every rank's rank 0's after each step (as DDP broadcasts its
+  /// module buffers). None by default.
+  [[nodiscard]] virtual NamedSpans buffers() { return {}; }
+
   /// The state buffer `name` of the optimiser, for `who` (an algorithm) that cannot work without it.
   /// Throws InvalidArgument naming `who`, the buffer, the optimiser and the buffers it has.
   std::span<float> optimizer_state(std::string_view name, std::string_view who);

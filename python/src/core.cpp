@@ -1,0 +1,144 @@
+// sinew._core: the Python binding of Sinew's PyTorch integration (src/sinew/torch). The Python package
+// (python/sinew) is a thin layer over it; the runtime, the training loop and the recovery are the C++ ones.
+#include <ATen/ATen.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sinew/core/error.hpp"
+#include "sinew/torch/job.hpp"
+#include "sinew/torch/workload.hpp"
+#include "sinew/train/session.hpp"
+
+namespace py = pybind11;
+using namespace sinew;
+
+namespace {
+
+std::vector<pytorch::NamedTensor> named(const std::vector<std::pair<std::string, at::Tensor>>& items) {
+  std::vector<pytorch::NamedTensor> out;
+  out.reserve(items.size());
+  for (const auto& [name, t] : items) out.push_back({name, t});
+  return out;
+}
+
+py::dict summary_dict(const train::Summary& s) {
+  py::dict d;
+  d["test_accuracy"] = s.test_accuracy;
+  d["test_loss"] = s.test_loss;
+  d["final_train_loss"] = s.final_train_loss;
+  d["steps"] = s.steps;
+  d["epochs"] = s.epochs;
+  d["samples"] = s.samples;
+  d["wall_s"] = s.wall_s;
+  d["mean_step_ms"] = s.mean_step_ms;
+  d["mean_comm_ms"] = s.mean_comm_ms;
+  d["samples_per_s"] = s.samples_per_s;
+  d["failures"] = s.failures;
+  d["world_size"] = s.world_size;
+  d["left"] = s.left;
+  d["below_min_ranks"] = s.below_min_ranks;
+  d["stopped_by_signal"] = s.stopped_by_signal;
+  d["checkpoint_error"] = s.checkpoint_error;
+  d["exit_code"] = s.exit_code();
+  return d;
+}
+
+/// The samples as an N x C x H x W float32 tensor.
+at::Tensor features(const data::Dataset& d) {
+  at::Tensor t = at::empty({static_cast<std::int64_t>(d.size()), d.channels, d.height, d.width}, at::kFloat);
+  std::copy(d.features.begin(), d.features.end(), t.data_ptr<float>());
+  return t;
+}
+
+/// The labels as an int64 tensor (what torch's losses take).
+at::Tensor labels(const data::Dataset& d) {
+  at::Tensor t = at::empty({static_cast<std::int64_t>(d.size())}, at::kLong);
+  std::copy(d.labels.begin(), d.labels.end(), t.data_ptr<std::int64_t>());
+  return t;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Sinew's elastic runtime for PyTorch models (C++ core)";
+  // Sinew's errors keep their exit code (docs/usage.md): the Python layer exits with it.
+  // (The type object lives as long as the module: a handle, never decremented at exit.)
+  static const py::handle error = py::exception<Error>(m, "Error").release();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::object exc = py::reinterpret_borrow<py::object>(error)(e.what());
+      exc.attr("exit_code") = static_cast<int>(e.exit_code());
+      PyErr_SetObject(error.ptr(), exc.ptr());
+    }
+  });
+
+  py::class_<pytorch::TorchWorkload>(m, "Workload")
+      .def(py::init([](const std::vector<std::pair<std::string, at::Tensor>>& params,
+                       const std::vector<std::pair<std::string, at::Tensor>>& buffers,
+                       const pytorch::Job& job, std::string model) {
+             return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
+                                                             std::move(model));
+           }),
+           py::arg("params"), py::arg("buffers"), py::arg("job"), py::arg("model"))
+      .def("describe", &pytorch::TorchWorkload::describe)
+      .def_property_readonly("flat_params", &pytorch::TorchWorkload::flat_params)
+      .def_property_readonly("flat_grads", &pytorch::TorchWorkload::flat_grads)
+      .def("unreported", &pytorch::TorchWorkload::unreported);
+
+  py::class_<pytorch::Job>(m, "Job")
+      .def(py::init<const std::vector<std::string>&, std::vector<std::string>>(), py::arg("options"),
+           py::arg("command"))
+      .def_property_readonly("help", &pytorch::Job::help)
+      .def_property_readonly("rank", &pytorch::Job::rank)
+      .def_property_readonly("size", &pytorch::Job::size)
+      .def_property_readonly(
+          "step",
+          [](pytorch::Job& j) -> std::int64_t { return j.session() != nullptr ? j.session()->step() : 0; })
+      .def_property_readonly("epochs", [](const pytorch::Job& j) { return j.config().epochs; })
+      .def_property_readonly("batch_size", [](const pytorch::Job& j) { return j.config().batch_size; })
+      .def(
+          "run",
+          [](pytorch::Job& job, pytorch::TorchWorkload& work, std::size_t train_size,
+             std::function<double(std::vector<std::size_t>)> train,
+             std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)> evaluate,
+             std::size_t test_size) {
+            pytorch::Steps steps;
+            // The callbacks run Python: pybind11's function wrapper takes the GIL for each call.
+            steps.train = [&train](std::span<const std::size_t> idx) {
+              return train(std::vector<std::size_t>(idx.begin(), idx.end()));
+            };
+            if (evaluate) {
+              steps.evaluate = [&evaluate](std::size_t first, std::size_t last) {
+                const auto [loss, correct] = evaluate(first, last);
+                return workload::EvalSums{loss, correct};
+              };
+            }
+            steps.test_size = test_size;
+            train::Summary s;
+            {
+              py::gil_scoped_release nogil;  // collectives, the communication thread, recovery
+              s = job.run(work, train_size, steps);
+            }
+            return summary_dict(s);
+          },
+          py::arg("workload"), py::arg("train_size"), py::arg("train"), py::arg("evaluate"),
+          py::arg("test_size"))
+      .def("dataset",
+           [](const pytorch::Job& job) {
+             const data::DataSplit d = job.dataset();
+             return py::make_tuple(features(d.train), labels(d.train), features(d.test), labels(d.test),
+                                   d.description);
+           })
+      .def("exit", &pytorch::Job::exit, py::arg("code"), py::call_guard<py::gil_scoped_release>());
+}

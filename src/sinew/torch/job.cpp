@@ -1,0 +1,154 @@
+#include "sinew/torch/job.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+#include "sinew/core/error.hpp"
+#include "sinew/core/log.hpp"
+#include "sinew/membership/group.hpp"
+#include "sinew/mpi/environment.hpp"
+#include "sinew/torch/workload.hpp"
+#include "sinew/train/layer_options.hpp"
+#include "sinew/train/session.hpp"
+
+namespace sinew::pytorch {
+
+namespace {
+constexpr std::chrono::milliseconds kFinalizeBound{5000};
+}
+
+struct Job::Impl {
+  std::string help;
+  train::Config cfg;
+  std::optional<mpi::Environment> env;
+  std::optional<membership::Group> group;
+  std::unique_ptr<train::Session> session;
+  bool ran = false;
+};
+
+Job::Job(const std::vector<std::string>& options, std::vector<std::string> command)
+    : impl_(std::make_unique<Impl>()) {
+  std::vector<const char*> args = {command.empty() ? "sinew" : command[0].c_str()};
+  for (const std::string& o : options) args.push_back(o.c_str());
+  auto parsed = train::parse_command_line(static_cast<int>(args.size()), args.data());
+  if (!parsed.config) {
+    impl_->help = parsed.text;
+    return;
+  }
+  impl_->cfg = *parsed.config;
+  // As sinew-train (apps/sinew_train.cpp): a dead peer's socket must not kill this process.
+  std::signal(SIGPIPE, SIG_IGN);
+  // The command as given: /proc/self/exe would name the interpreter behind a virtual environment's
+  // python link, and the replacement would not see the environment's packages.
+  membership::SpawnCommand spawn;
+  if (command.empty()) {
+    spawn = membership::SpawnCommand::of_this_process(0, nullptr);
+  } else {
+    spawn.program = command[0];
+    spawn.args.assign(command.begin() + 1, command.end());
+  }
+  membership::JoinDeadline join_deadline;
+  int argc = 0;
+  char** no_argv = nullptr;
+  try {
+    impl_->env.emplace(&argc, &no_argv);
+  } catch (const CommFailure& e) {
+    if (!join_deadline.spawned()) throw;
+    std::fprintf(stderr, "[sinew] spawned process: %s; leaving\n", e.message().c_str());
+    membership::JoinDeadline::leave();
+  }
+  try {
+    impl_->group.emplace(membership::Group::attach(std::move(spawn), impl_->cfg.spares));
+  } catch (const membership::JoinFailed& e) {
+    std::fprintf(stderr, "[sinew] spawned process: %s; leaving (exit code 0)\n", e.message().c_str());
+    impl_->env->finalize(0, kFinalizeBound);
+    std::exit(0);
+  }
+  join_deadline.joined();
+  auto& group = *impl_->group;
+  group.watch(std::chrono::milliseconds(impl_->cfg.stall_timeout_ms));
+  log::init(group.rank(), group.size(), log::parse_level(impl_->cfg.log_level));
+  if (group.role() == membership::Role::kRecovered)
+    spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());
+}
+
+Job::~Job() = default;
+
+const std::string& Job::help() const noexcept { return impl_->help; }
+const train::Config& Job::config() const noexcept { return impl_->cfg; }
+optim::OptimizerOptions Job::optimizer() const { return train::optimizer_options(impl_->cfg); }
+data::DataSplit Job::dataset() const { return data::load_dataset(train::dataset_options(impl_->cfg)); }
+int Job::rank() const {
+  if (impl_->session) return impl_->session->rank();
+  return impl_->group ? impl_->group->rank() : 0;
+}
+int Job::size() const {
+  if (impl_->session) return impl_->session->size();
+  return impl_->group ? impl_->group->size() : 1;
+}
+train::Session* Job::session() noexcept { return impl_->session.get(); }
+
+train::Summary Job::run(TorchWorkload& work, std::size_t train_size, const Steps& steps) {
+  if (!impl_->group || impl_->ran)
+    SINEW_THROW(InvalidArgument, "Job::run: {}",
+                impl_->ran ? "a job runs once" : "the job was asked for --help");
+  if (!steps.train) SINEW_THROW(InvalidArgument, "Job::run: no training step was given");
+  impl_->ran = true;
+  train::SessionParts parts;
+  parts.train_size = train_size;
+  impl_->session =
+      std::make_unique<train::Session>(impl_->cfg, std::move(*impl_->group), work, std::move(parts));
+  impl_->group.reset();
+  train::Session& s = *impl_->session;
+  work.set_ready([&s](Slice r) { s.grad_ready(r); });
+  work.set_first_ready([&s] { s.fault(fault::Point::kBackward); });
+  if (!s.start()) return s.finish();  // a hot spare, dismissed at the end
+  for (;;) {
+    try {
+      for (train::Next n = s.next(); n != train::Next::kDone; n = s.next()) {
+        if (n == train::Next::kEvaluate) {
+          const auto [first, last] = s.begin_evaluation(steps.evaluate ? steps.test_size : 0);
+          const workload::EvalSums sums =
+              steps.evaluate && last > first ? steps.evaluate(first, last) : workload::EvalSums{};
+          s.end_evaluation(sums, last - first);
+          continue;
+        }
+        const train::StepPlan& p = s.begin_step();
+        double loss = 0;
+        for (std::size_t j = 0; j < p.micro_batches; ++j) {
+          const auto indices = s.micro_batch(j);
+          work.begin_micro_batch(j, p.micro_batches, indices.size(), p.total);
+          if (indices.empty()) {
+            work.skip_micro_batch();
+            continue;
+          }
+          // This rank's share of the step's mean loss.
+          loss += steps.train(indices) * static_cast<double>(indices.size()) / static_cast<double>(p.total);
+        }
+        work.disarm();
+        s.end_step(loss);
+        if (s.boundary() != train::After::kContinue) break;
+      }
+      break;
+    } catch (const CommFailure& e) {
+      s.recover(e);
+    }
+  }
+  work.set_ready({});
+  work.set_first_ready({});
+  return s.finish();
+}
+
+int Job::exit(int code) {
+  impl_->session.reset();  // metrics, audit and checkpoints written and closed
+  if (impl_->env) impl_->env->finalize(code, kFinalizeBound);
+  impl_->env.reset();
+  return code;
+}
+
+}  // namespace sinew::pytorch

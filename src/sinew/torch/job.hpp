@@ -1,0 +1,90 @@
+// The elastic runtime for a PyTorch model whose forward and backward the caller computes (a C++ program with
+// libtorch, or a Python script through the sinew package): MPI, the group, the session, and the training
+// loop that drives it and recovers in place.
+//
+//   pytorch::Job job(options, command);             // sinew-train's options; how to start a replacement
+//   auto work = pytorch::TorchWorkload::of(net, job.optimizer());
+//   pytorch::Steps steps;
+//   steps.train = [&](std::span<const std::size_t> idx) { ... forward, loss.backward() ...; return loss; };
+//   steps.evaluate = [&](std::size_t first, std::size_t last) { ...; return workload::EvalSums{...}; };
+//   const train::Summary sum = job.run(*work, train_size, steps);
+//   return job.exit(sum.exit_code());
+//
+// run() is the loop of train/session.hpp: when a rank dies in forward, backward, the optimiser step or
+// between steps, the survivors recover in place (the state comes from their memory), redo the step, and grow
+// back by spawning `command` (or from hot spares); the step function is simply called again.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sinew/data/dataset.hpp"
+#include "sinew/optim/optimizer.hpp"
+#include "sinew/train/config.hpp"
+#include "sinew/train/summary.hpp"
+#include "sinew/workload/workload.hpp"
+
+namespace sinew::train {
+class Session;
+}
+
+namespace sinew::pytorch {
+
+class TorchWorkload;
+
+/// What the caller computes.
+struct Steps {
+  /// Forward and backward of this rank's samples `indices` of the training set (never empty); returns the
+  /// mean loss over them. Gradients are accumulated by autograd into the workload's flat buffer.
+  std::function<double(std::span<const std::size_t> indices)> train;
+  /// The sums over test samples [first, last) (this rank's shard); empty: no evaluation.
+  std::function<workload::EvalSums(std::size_t first, std::size_t last)> evaluate;
+  /// Samples in the test set.
+  std::size_t test_size = 0;
+};
+
+class Job {
+ public:
+  /// Parses `options` (sinew-train's: --epochs, --batch-size, --lr, --algorithm, --elastic, --spares,
+  /// --checkpoint-dir, ...; InvalidArgument for a bad one), starts MPI and joins the group. `command` is
+  /// the command line that starts a replacement (argv of this process). A spawned process whose spawn
+  /// was abandoned exits here with code 0, as sinew-train does.
+  Job(const std::vector<std::string>& options, std::vector<std::string> command);
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  Job(Job&&) = delete;
+  Job& operator=(Job&&) = delete;
+  ~Job();
+
+  /// --help: the option text (the job then has no group; run() must not be called).
+  [[nodiscard]] const std::string& help() const noexcept;
+  [[nodiscard]] const train::Config& config() const noexcept;
+  /// The fused optimiser of --optimizer (sgd | adam) and its settings.
+  [[nodiscard]] optim::OptimizerOptions optimizer() const;
+  /// The data set of --dataset, --data-dir, --limit-train and --limit-test (Sinew's loaders: Fashion-MNIST
+  /// from the Debian package by default, MNIST, CSV, synthetic); nothing is downloaded.
+  [[nodiscard]] data::DataSplit dataset() const;
+  /// This process's place in the group (they change when the group does).
+  [[nodiscard]] int rank() const;
+  [[nodiscard]] int size() const;
+
+  /// Trains `work` over a training set of `train_size` samples until the session is done (the loop of
+  /// train/session.hpp, recovering in place from every rank failure) and returns the summary. Once.
+  train::Summary run(TorchWorkload& work, std::size_t train_size, const Steps& steps);
+  /// The session while run() runs (e.g. for its step()).
+  [[nodiscard]] train::Session* session() noexcept;
+
+  /// Finalizes MPI (bounded: see mpi::Environment::finalize) and returns `code`.
+  int exit(int code);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sinew::pytorch

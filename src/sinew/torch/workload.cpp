@@ -1,0 +1,238 @@
+#include "sinew/torch/workload.hpp"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <utility>
+
+#include "sinew/core/error.hpp"
+
+namespace sinew::pytorch {
+
+namespace {
+
+/// Reports a parameter's gradient as final once autograd has accumulated it.
+class ReadyHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  ReadyHook(TorchWorkload& work, std::size_t index) : work_(work), index_(index) {}
+  void operator()(const torch::autograd::Variable& param) override { work_.on_grad(index_, param); }
+
+ private:
+  TorchWorkload& work_;
+  std::size_t index_;
+};
+
+std::vector<std::size_t> shape_of(const at::Tensor& t) {
+  std::vector<std::size_t> s;
+  for (const std::int64_t d : t.sizes()) s.push_back(static_cast<std::size_t>(d));
+  return s;
+}
+
+void check_parameter(const NamedTensor& p) {
+  const at::Tensor& t = p.tensor;
+  if (!t.defined()) SINEW_THROW(InvalidArgument, "parameter '{}' is an undefined tensor", p.name);
+  if (t.layout() != at::kStrided) {
+    SINEW_THROW(InvalidArgument, "parameter '{}' is a sparse tensor: Sinew trains dense parameters only",
+                p.name);
+  }
+  if (t.scalar_type() != at::kFloat) {
+    SINEW_THROW(InvalidArgument,
+                "parameter '{}' is {}, not float32: Sinew's flat buffers hold float32 (mixed precision runs "
+                "inside the model, e.g. under torch.autocast); convert the model with .float() before "
+                "wrapping it",
+                p.name, c10::toString(t.scalar_type()));
+  }
+  if (!t.device().is_cpu()) {
+    SINEW_THROW(InvalidArgument,
+                "parameter '{}' is on {}: this build of Sinew's PyTorch integration trains CPU tensors "
+                "(docs/pytorch.md); move the model with .cpu() before wrapping it",
+                p.name, t.device().str());
+  }
+}
+
+/// Copies the tensors' values into one new flat float buffer and makes each tensor a view of its range.
+at::Tensor flatten(std::vector<NamedTensor>& tensors, std::vector<Slice>& slices) {
+  std::size_t n = 0;
+  for (const NamedTensor& t : tensors) {
+    slices.push_back({n, static_cast<std::size_t>(t.tensor.numel())});
+    n += slices.back().count;
+  }
+  at::Tensor flat = at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kFloat));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    at::Tensor& t = tensors[i].tensor;
+    at::Tensor view = flat.narrow(0, static_cast<std::int64_t>(slices[i].offset),
+                                  static_cast<std::int64_t>(slices[i].count))
+                          .view(t.sizes());
+    {
+      at::NoGradGuard no_grad;
+      view.copy_(t);
+    }
+    t.set_data(view);
+  }
+  return flat;
+}
+
+std::span<float> span_of(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return {};
+  return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
+}
+
+}  // namespace
+
+TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
+                             const optim::OptimizerOptions& optimizer, std::string model)
+    : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
+  if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
+  for (const NamedTensor& p : params_) check_parameter(p);
+  for (const NamedTensor& b : buffer_tensors_) {
+    if (b.tensor.scalar_type() != at::kFloat || !b.tensor.device().is_cpu())
+      SINEW_THROW(InvalidArgument, "buffer '{}' must be a float32 CPU tensor (it is {} on {})", b.name,
+                  c10::toString(b.tensor.scalar_type()), b.tensor.device().str());
+  }
+  flat_params_ = flatten(params_, slices_);
+  flat_buffers_ = flatten(buffer_tensors_, buffer_slices_);
+  flat_grads_ = at::zeros_like(flat_params_);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    views_.push_back({params_[i].name, "params", slices_[i].offset, shape_of(params_[i].tensor), ""});
+    torch::autograd::impl::set_post_acc_grad_hooks(params_[i].tensor, std::make_unique<ReadyHook>(*this, i));
+  }
+  done_.assign(params_.size(), false);
+  optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
+  begin_micro_batch(0, 1, 0, 1);  // .grad of every parameter: its view, zero
+  armed_ = false;                 // a backward outside a step reports nothing
+}
+
+TorchWorkload::~TorchWorkload() {
+  // The hooks point at this object: a module that outlives the workload must not call them.
+  for (NamedTensor& p : params_) {
+    if (p.tensor.defined()) torch::autograd::impl::set_post_acc_grad_hooks(p.tensor, nullptr);
+  }
+}
+
+std::unique_ptr<TorchWorkload> TorchWorkload::of(torch::nn::Module& module,
+                                                 const optim::OptimizerOptions& optimizer,
+                                                 std::string model) {
+  std::vector<NamedTensor> params, buffers;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) params.push_back({item.key(), item.value()});
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (item.value().scalar_type() == at::kFloat) buffers.push_back({item.key(), item.value()});
+  }
+  return std::make_unique<TorchWorkload>(std::move(params), std::move(buffers), optimizer, std::move(model));
+}
+
+std::string TorchWorkload::describe() const {
+  return fmt::format("{} ({} parameters in {} tensors)", model_, flat_params_.numel(), params_.size());
+}
+
+std::vector<Slice> TorchWorkload::ready_order() const {
+  // Backward finishes the output layers first: the module's order reversed.
+  return {slices_.rbegin(), slices_.rend()};
+}
+
+std::string TorchWorkload::description_json() const {
+  nlohmann::json j;
+  j["framework"] = "torch";
+  j["model"] = model_;
+  j["parameters"] = flat_params_.numel();
+  j["buffers"] = nlohmann::json::array();
+  for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
+    j["buffers"].push_back(
+        {{"name", buffer_tensors_[i].name}, {"shape", shape_of(buffer_tensors_[i].tensor)}});
+  return j.dump();
+}
+
+std::span<float> TorchWorkload::params() { return span_of(flat_params_); }
+std::span<float> TorchWorkload::grads() { return span_of(flat_grads_); }
+
+void TorchWorkload::optimizer_step(float lr) { optimizer_->step(params(), grads(), lr); }
+
+NamedSpans TorchWorkload::buffers() {
+  NamedSpans out;
+  const std::span<float> all = span_of(flat_buffers_);
+  for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
+    out.emplace_back(buffer_tensors_[i].name, buffer_slices_[i].of(all));
+  return out;
+}
+
+void TorchWorkload::begin_micro_batch(std::size_t j, std::size_t micro_batches, std::size_t samples,
+                                      std::size_t total) {
+  if (j == 0) {
+    flat_grads_.zero_();
+    scale_ = 1;
+  }
+  // A script that set .grad to None (optimizer.zero_grad()'s default) cut the tie: restore it.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i].tensor;
+    if (!p.grad().defined() || p.grad().data_ptr() != flat_grads_.data_ptr<float>() + slices_[i].offset) {
+      p.mutable_grad() = flat_grads_
+                             .narrow(0, static_cast<std::int64_t>(slices_[i].offset),
+                                     static_cast<std::int64_t>(slices_[i].count))
+                             .view(p.sizes());
+      if (j > 0) p.mutable_grad().zero_();  // (cannot happen between micro-batches of a well-formed step)
+    }
+  }
+  // The gradients hold sum_i s_i g_i / s_j over the micro-batches so far (s_i = samples_i / total): a
+  // change of share rescales them before the next one adds its g; the last multiplies by its share.
+  if (samples > 0 && total > 0) {
+    const float s = static_cast<float>(static_cast<double>(samples) / static_cast<double>(total));
+    if (j > 0 && s != scale_) flat_grads_.mul_(scale_ / s);
+    scale_ = s;
+  }
+  std::fill(done_.begin(), done_.end(), false);
+  reported_ = 0;
+  armed_ = j + 1 == micro_batches;
+}
+
+void TorchWorkload::skip_micro_batch() {
+  if (!armed_) return;
+  const std::span<float> g = grads();
+  for (std::size_t i = params_.size(); i-- > 0;) {  // in ready order
+    if (done_[i]) continue;
+    for (float& x : slices_[i].of(g)) x *= scale_;
+    done_[i] = true;
+    ++reported_;
+    if (ready_) ready_(slices_[i]);
+  }
+}
+
+std::vector<std::string> TorchWorkload::unreported() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!done_[i]) out.push_back(params_[i].name);
+  return out;
+}
+
+void TorchWorkload::on_grad(std::size_t i, const at::Tensor& param) {
+  float* const mine = flat_grads_.data_ptr<float>() + slices_[i].offset;
+  const at::Tensor& g = param.grad();
+  if (g.defined() && g.data_ptr() != mine) {
+    // Autograd did not accumulate into the view (the script replaced .grad during the step): take the value.
+    at::NoGradGuard no_grad;
+    flat_grads_
+        .narrow(0, static_cast<std::int64_t>(slices_[i].offset), static_cast<std::int64_t>(slices_[i].count))
+        .copy_(g.reshape({-1}));
+  }
+  if (!armed_) return;
+  if (done_[i]) {
+    SINEW_THROW(
+        InvalidArgument,
+        "parameter '{}' got its gradient twice in one micro-batch: call backward() once per micro-batch "
+        "(several losses: add them first)",
+        params_[i].name);
+  }
+  if (scale_ != 1.f) {
+    for (float& x : std::span<float>(mine, slices_[i].count)) x *= scale_;
+  }
+  done_[i] = true;
+  ++reported_;
+  if (ready_) ready_(slices_[i]);
+  if (reported_ == 1 && first_ready_) first_ready_();
+}
+
+}  // namespace sinew::pytorch

@@ -1,0 +1,118 @@
+// A PyTorch model as a Sinew workload: its parameters and their gradients become views into Sinew's flat
+// parameter and gradient buffers, so that the optimiser, the bucketed reduction, the checkpoint writer and
+// the state sync of a replacement all work on the memory autograd writes, with no copy per step.
+//
+//   flat params   [ conv1.weight | bn1.weight | bn1.bias | ... | fc.bias ]   (the module's order)
+//   flat grads    the same layout; autograd accumulates into it in place
+//   ready order   the reverse: backward finishes the last layer first
+//
+// A post-accumulate-grad hook on every parameter reports its range as final (workload::ReadyFn, the
+// session's grad_ready) in the step's last micro-batch, after scaling it to this rank's share of the
+// step's mean: users write the usual loss (the mean over their micro-batch) and Sinew makes the sum over
+// ranks the exact global mean, also when the last step of an epoch gives ranks unequal batches.
+//
+// Float32 CPU parameters only (see docs/pytorch.md for what is not supported, and why). Module buffers
+// that are floats (BatchNorm's running mean and variance) live in a third flat buffer: rank 0's are every
+// rank's after each step, checkpoints hold them and replacements receive them.
+//
+// Used from C++ (TorchWorkload::of(module)) and from Python (python/, through the same class).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sinew/optim/optimizer.hpp"
+#include "sinew/workload/workload.hpp"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace sinew::pytorch {
+
+/// A tensor of the model with its name in the module ("layer1.0.conv1.weight").
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+};
+
+class TorchWorkload final : public workload::Workload {
+ public:
+  /// Takes over `params` (the trainable ones, in the module's order) and `buffers` (its float buffers):
+  /// their values are copied into the flat buffers and each tensor's storage becomes a view of them. The
+  /// optimiser is one of Sinew's fused ones over the flat buffer. `model` names the model in logs.
+  /// Throws InvalidArgument for a parameter that is not a float32 CPU tensor (naming it and what to do).
+  TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
+                const optim::OptimizerOptions& optimizer, std::string model);
+  /// A C++ module: its named_parameters() that require a gradient, and its float named_buffers().
+  static std::unique_ptr<TorchWorkload> of(torch::nn::Module& module,
+                                           const optim::OptimizerOptions& optimizer,
+                                           std::string model = "a torch::nn::Module");
+  ~TorchWorkload() override;
+
+  // ---- workload::Workload ---------------------------------------------------------------------------
+  [[nodiscard]] std::string describe() const override;
+  [[nodiscard]] std::vector<Slice> ready_order() const override;
+  [[nodiscard]] std::vector<TensorView> views() const override { return views_; }
+  [[nodiscard]] std::string description_json() const override;
+  [[nodiscard]] std::span<float> params() override;
+  [[nodiscard]] std::span<float> grads() override;
+  [[nodiscard]] std::string optimizer_name() const override { return optimizer_->name(); }
+  [[nodiscard]] NamedSpans optimizer_state() override { return optimizer_->state(); }
+  [[nodiscard]] std::int64_t optimizer_steps() const override { return optimizer_->steps(); }
+  void set_optimizer_steps(std::int64_t steps) override { optimizer_->set_steps(steps); }
+  void optimizer_step(float lr) override;
+  [[nodiscard]] NamedSpans buffers() override;
+
+  // ---- a step, driven by the caller -----------------------------------------------------------------
+  /// Where the hooks report final ranges (the session's grad_ready). Empty: they report nothing.
+  void set_ready(workload::ReadyFn ready) { ready_ = std::move(ready); }
+  /// Called once per step, right after the first range is reported: the point "backward" of fault
+  /// injection (a rank dies while buckets are in flight).
+  void set_first_ready(std::function<void()> fn) { first_ready_ = std::move(fn); }
+  /// Before micro-batch `j` of a step's `micro_batches`: `samples` of this rank's in it, `total` in the
+  /// whole step over all ranks. The first zeroes the gradients (and points every parameter's .grad at its
+  /// view again, should the script have set it to None); the last arms the ready hooks.
+  void begin_micro_batch(std::size_t j, std::size_t micro_batches, std::size_t samples, std::size_t total);
+  /// A micro-batch without samples on this rank (the epoch's last step): nothing to compute, and in the
+  /// last micro-batch every range not yet reported is reported (with the gradients accumulated so far).
+  void skip_micro_batch();
+  /// The step's backward passes are over: hooks report nothing until the next step's last micro-batch.
+  void disarm() noexcept { armed_ = false; }
+  /// The ranges reported since the last micro-batch began.
+  [[nodiscard]] std::size_t reported() const noexcept { return reported_; }
+  /// Parameters (and their ranges) that no hook reported in the last micro-batch: unused parameters.
+  [[nodiscard]] std::vector<std::string> unreported() const;
+
+  /// The flat buffers as tensors (views of the same memory).
+  [[nodiscard]] const at::Tensor& flat_params() const noexcept { return flat_params_; }
+  [[nodiscard]] const at::Tensor& flat_grads() const noexcept { return flat_grads_; }
+  [[nodiscard]] std::size_t num_params() const noexcept { return slices_.size(); }
+
+  /// A parameter's gradient is final (called by its hook).
+  void on_grad(std::size_t i, const at::Tensor& param);
+
+ private:
+  std::vector<NamedTensor> params_, buffer_tensors_;
+  std::vector<Slice> slices_;         // params_[i]'s range of the flat buffers
+  std::vector<Slice> buffer_slices_;  // buffer_tensors_[i]'s range of flat_buffers_
+  std::vector<TensorView> views_;
+  std::string model_;
+  at::Tensor flat_params_, flat_grads_, flat_buffers_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  workload::ReadyFn ready_;
+  std::function<void()> first_ready_;
+  std::vector<bool> done_;  // per parameter: reported in the current micro-batch
+  std::size_t reported_ = 0;
+  bool armed_ = false;  // the step's last micro-batch: hooks report
+  float scale_ = 1;     // the current micro-batch's share of the step's mean: samples / total
+};
+
+}  // namespace sinew::pytorch

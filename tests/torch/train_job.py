@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""A torch training job through the sinew package, for the torch.* tests (tests/torch/CMakeLists.txt).
+
+    python3 train_job.py [--model mlp|cnn|resnet18] [--params-out FILE] [--threads N] -- [sinew options]
+
+Models: "mlp" (no BatchNorm: the equivalence test), "cnn" (convolutions with BatchNorm), "resnet18"
+(torchvision's, with a 1-channel stem). --params-out: rank 0 writes the final flat parameters there (.pt).
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import sinew
+
+
+def build(name, channels, height, width, classes):
+    torch.manual_seed(1234)  # the same initial weights everywhere (Sinew also broadcasts rank 0's)
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 64), nn.ReLU(),
+                             nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, classes))
+    if name == "cnn":
+        return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, classes))
+    if name == "resnet18":
+        import torchvision
+        m = torchvision.models.resnet18(num_classes=classes)
+        m.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        return m
+    raise SystemExit(f"unknown --model {name}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--params-out", default="")
+    p.add_argument("--threads", type=int, default=1)
+    args, sinew_options = p.parse_known_args()
+    if sinew_options and sinew_options[0] == "--":
+        sinew_options = sinew_options[1:]
+    torch.set_num_threads(args.threads)
+
+    job = sinew.Job(sinew_options)
+    train_x, train_y, test_x, test_y, about = job.dataset()
+    _, c, h, w = train_x.shape
+    model = job.wrap(build(args.model, c, h, w, int(max(train_y.max(), test_y.max())) + 1), args.model)
+    if job.rank == 0:
+        print(f"[train_job] {about}; {model.describe()}", flush=True)
+
+    def train_step(indices):
+        idx = torch.tensor(indices)
+        loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
+        loss.backward()
+        return loss.item()
+
+    def evaluate(first, last):
+        out = model(test_x[first:last])
+        y = test_y[first:last]
+        return F.cross_entropy(out, y, reduction="sum").item(), int((out.argmax(1) == y).sum())
+
+    summary = job.run(model, len(train_x), train_step, evaluate, len(test_x))
+    if job.rank == 0 and not summary["left"]:
+        print(f"[train_job] done: {summary['steps']} steps, test accuracy {100 * summary['test_accuracy']:.2f}%, "
+              f"{summary['failures']} failures, world {summary['world_size']}", flush=True)
+        if args.params_out:
+            torch.save(model.flat_params.clone(), args.params_out)
+    job.exit(summary["exit_code"])
+
+
+if __name__ == "__main__":
+    main()
