@@ -98,6 +98,12 @@ add_library(sinew_torch_deps INTERFACE)
 target_compile_options(sinew_torch_deps INTERFACE "SHELL:-idirafter ${_torch_root}/include"
                                                   "SHELL:-idirafter ${_torch_root}/include/torch/csrc/api/include")
 target_link_libraries(sinew_torch_deps INTERFACE ${_torch_libs})
+# libtorch needs libtorch_cuda, which needs the CUDA and NCCL libraries of the nvidia-* wheels next to torch;
+# the libraries find them at run time by their own run path, the linker of an executable only if told.
+file(GLOB _torch_nvidia_libs LIST_DIRECTORIES true "${_torch_root}/../nvidia/*/lib")
+foreach(dir IN LISTS _torch_nvidia_libs)
+  target_link_options(sinew_torch_deps INTERFACE "LINKER:-rpath-link,${dir}")
+endforeach()
 target_compile_definitions(sinew_torch_deps INTERFACE _GLIBCXX_USE_CXX11_ABI=1)
 add_library(sinew_torch_python_deps INTERFACE)
 target_link_libraries(sinew_torch_python_deps INTERFACE sinew_torch_deps ${_lib_torch_python})

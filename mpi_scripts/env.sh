@@ -3,7 +3,9 @@
 sinew_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SINEW_MPI_PREFIX=${SINEW_MPI_PREFIX:-/opt/sinew/openmpi-ulfm}
 SINEW_BUILD_DIR=${SINEW_BUILD_DIR:-$sinew_root/build}
-export SINEW_MPI_PREFIX SINEW_BUILD_DIR
+# Torch, torchvision and pybind11 from PyPI (setup.sh); CMake's SINEW_PYTHON defaults to its python.
+SINEW_TORCH_VENV=${SINEW_TORCH_VENV:-/opt/sinew/torch-venv}
+export SINEW_MPI_PREFIX SINEW_BUILD_DIR SINEW_TORCH_VENV
 
 if [ -x "$SINEW_MPI_PREFIX/bin/mpirun" ] && [ "${SINEW_SKIP_ULFM:-0}" != 1 ]; then
   SINEW_MPIRUN="$SINEW_MPI_PREFIX/bin/mpirun"

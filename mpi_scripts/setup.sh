@@ -11,7 +11,9 @@
 #   SINEW_MPI_PREFIX   where the ULFM Open MPI lives (default /opt/sinew/openmpi-ulfm)
 #   SINEW_SKIP_ULFM=1  do not build Open MPI 5; Sinew then builds against Debian's Open MPI 4
 #                      (no in-place recovery, see docs/architecture.md)
-#   SINEW_WITH_TORCH=1 also install python3-torch + OpenBLAS for the side-by-side benchmark
+#   SINEW_TORCH_VENV   where Torch, torchvision and pybind11 from PyPI live (default /opt/sinew/torch-venv)
+#   SINEW_SKIP_TORCH=1 do not install them (Sinew then builds without its PyTorch integration)
+#   SINEW_WITH_TORCH=1 also install Debian's python3-torch 1.13 (the fallback when PyPI is out of reach)
 #   SINEW_JOBS         parallel make jobs (default: nproc)
 set -euo pipefail
 
@@ -56,6 +58,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libhwloc-dev libevent-dev flex perl
   python3 python3-numpy python3-matplotlib
+  python3-venv python3-dev  # the virtual environment of Torch from PyPI; Python.h for the sinew package
   python3-h5py  # the test that reads a checkpoint with h5py and numpy alone
   clang libclang-rt-14-dev
   iproute2  # ip and tc: the shaped test bed (hpc/net/) of the benchmarks and the net.* tests
@@ -82,6 +85,44 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   say "Debian packages: all present"
+fi
+
+# --- Torch, torchvision and pybind11 from PyPI -------------------------------------------------------
+# Into a virtual environment in a cached prefix (as Open MPI below), made from Debian's python3 with the
+# system packages visible (numpy, h5py and matplotlib stay Debian's). PyPI's Linux wheel of Torch is a CUDA
+# build (about 5 GB with its nvidia-* wheels) that runs on the CPU as well. Measured on a fresh machine:
+# see the README. Without PyPI, Debian's python3-torch 1.13 (SINEW_WITH_TORCH=1) is too old for the
+# integration (it needs >= 2.1); Sinew then builds without it.
+torch_venv=${SINEW_TORCH_VENV:-/opt/sinew/torch-venv}
+torch_spec=${SINEW_TORCH_SPEC:-"torch>=2.1 torchvision pybind11>=2.12"}
+torch_ok() {
+  [ -x "$torch_venv/bin/python" ] && [ -e "$torch_venv/.sinew-complete" ] &&
+    "$torch_venv/bin/python" -c "import torch, torchvision, pybind11
+assert tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 1)" 2>/dev/null
+}
+if [ "${SINEW_SKIP_TORCH:-0}" = 1 ]; then
+  say "SINEW_SKIP_TORCH=1: no Torch (the PyTorch integration is not built)"
+elif torch_ok; then
+  say "Torch $("$torch_venv/bin/python" -c 'import torch; print(torch.__version__)'): present in $torch_venv"
+else
+  say "installing $torch_spec from PyPI into $torch_venv (about 5 GB)"
+  start=$(date +%s)
+  # The marker file is written last, so an interrupted install never looks complete (torch_ok).
+  $sudo rm -rf "$torch_venv"
+  $sudo mkdir -p "$(dirname "$torch_venv")"
+  $sudo /usr/bin/python3 -m venv --system-site-packages "$torch_venv"
+  # shellcheck disable=SC2086  # the spec is a list of requirements
+  if $sudo "$torch_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+       $torch_spec; then
+    $sudo touch "$torch_venv/.sinew-complete"
+    torch_ok || die "Torch was installed into $torch_venv but cannot be imported"
+    say "Torch $("$torch_venv/bin/python" -c 'import torch; print(torch.__version__)') ready in $torch_venv" \
+        "($(( $(date +%s) - start )) s, $(du -sh "$torch_venv" | cut -f1))"
+  else
+    $sudo rm -rf "$torch_venv"
+    say "warning: PyPI could not be reached or refused the install; building without the PyTorch" \
+        "integration (set SINEW_SKIP_TORCH=1 to silence this)"
+  fi
 fi
 
 # --- Open MPI 5 with ULFM ------------------------------------------------------------------------

@@ -109,11 +109,17 @@ class Job:
         """The data set of --dataset/--data-dir/--limit-train/--limit-test, loaded by Sinew (Fashion-MNIST
         from the Debian package by default; nothing is downloaded): (train_x, train_y, test_x, test_y,
         description), the features as float32 N x C x H x W tensors (normalised), the labels int64."""
-        return self._job.dataset()
+        try:
+            return self._job.dataset()
+        except Error as e:
+            self._fail(e)
 
     def wrap(self, module, name=None):
         """The module as a Model of this job (see Model)."""
-        return Model(self, module, name)
+        try:
+            return Model(self, module, name)
+        except Error as e:
+            self._fail(e)
 
     def run(self, model, train_size, train_step, evaluate=None, test_size=0):
         """Trains until done and returns the summary (a dict; "exit_code" is the process's code).
@@ -141,8 +147,12 @@ class Job:
         try:
             return self._job.run(model._work, int(train_size), train, ev, int(test_size))
         except Error as e:
-            print(f"[sinew] rank {self.rank}: {e}", file=sys.stderr)
-            self.exit(getattr(e, "exit_code", 1))
+            self._fail(e)
+
+    def _fail(self, e):
+        """A Sinew error: its message, and the exit with its code (docs/usage.md), MPI finalized."""
+        print(f"[sinew] rank {self.rank}: {e}", file=sys.stderr)
+        self.exit(getattr(e, "exit_code", 1))
 
     def exit(self, code=0):
         """Finalizes MPI (bounded: it cannot hang after a failure) and exits with `code`."""

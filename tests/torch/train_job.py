@@ -16,11 +16,11 @@ import torch.nn.functional as F
 import sinew
 
 
-def build(name, channels, height, width, classes):
+def build(name, channels, height, width, classes, hidden=64):
     torch.manual_seed(1234)  # the same initial weights everywhere (Sinew also broadcasts rank 0's)
     if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 64), nn.ReLU(),
-                             nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, classes))
+        return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, hidden), nn.ReLU(),
+                             nn.Linear(hidden, 32), nn.Tanh(), nn.Linear(32, classes))
     if name == "cnn":
         return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                              nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
@@ -38,6 +38,8 @@ def main():
     p.add_argument("--model", default="mlp")
     p.add_argument("--params-out", default="")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--width-on-rank", default="", help="R:W: rank R builds its hidden layer W wide (a mismatch)")
+    p.add_argument("--double", action="store_true", help="the model in float64 (refused)")
     args, sinew_options = p.parse_known_args()
     if sinew_options and sinew_options[0] == "--":
         sinew_options = sinew_options[1:]
@@ -46,7 +48,14 @@ def main():
     job = sinew.Job(sinew_options)
     train_x, train_y, test_x, test_y, about = job.dataset()
     _, c, h, w = train_x.shape
-    model = job.wrap(build(args.model, c, h, w, int(max(train_y.max(), test_y.max())) + 1), args.model)
+    hidden = 64
+    if args.width_on_rank:
+        r, wide = (int(x) for x in args.width_on_rank.split(":"))
+        hidden = wide if job.rank == r else hidden
+    net = build(args.model, c, h, w, int(max(train_y.max(), test_y.max())) + 1, hidden)
+    if args.double:
+        net = net.double()
+    model = job.wrap(net, args.model)
     if job.rank == 0:
         print(f"[train_job] {about}; {model.describe()}", flush=True)
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +102,23 @@ train::Summary Job::run(TorchWorkload& work, std::size_t train_size, const Steps
   impl_->ran = true;
   train::SessionParts parts;
   parts.train_size = train_size;
+  // --algorithm auto weighs communication against one step's computation: the caller's step on this rank's
+  // batch size of the first samples, median of 3, the hooks disarmed (nothing is reduced or kept).
+  parts.compute_ms = [this, &work, &steps, train_size] {
+    std::vector<std::size_t> idx(std::min<std::size_t>(impl_->cfg.batch_size, train_size));
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+      work.begin_micro_batch(0, 2, idx.size(), idx.size());  // not the last micro-batch: no reports
+      const auto t = std::chrono::steady_clock::now();
+      (void)steps.train(idx);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+    }
+    work.begin_micro_batch(0, 2, 0, 1);  // zero gradients again
+    work.disarm();
+    std::sort(ms.begin(), ms.end());
+    return ms[1];
+  };
   impl_->session =
       std::make_unique<train::Session>(impl_->cfg, std::move(*impl_->group), work, std::move(parts));
   impl_->group.reset();

@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <utility>
@@ -133,18 +132,6 @@ std::string TorchWorkload::describe() const {
 std::vector<Slice> TorchWorkload::ready_order() const {
   // Backward finishes the output layers first: the module's order reversed.
   return {slices_.rbegin(), slices_.rend()};
-}
-
-std::string TorchWorkload::description_json() const {
-  nlohmann::json j;
-  j["framework"] = "torch";
-  j["model"] = model_;
-  j["parameters"] = flat_params_.numel();
-  j["buffers"] = nlohmann::json::array();
-  for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
-    j["buffers"].push_back(
-        {{"name", buffer_tensors_[i].name}, {"shape", shape_of(buffer_tensors_[i].tensor)}});
-  return j.dump();
 }
 
 std::span<float> TorchWorkload::params() { return span_of(flat_params_); }

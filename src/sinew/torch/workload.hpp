@@ -61,7 +61,6 @@ class TorchWorkload final : public workload::Workload {
   [[nodiscard]] std::string describe() const override;
   [[nodiscard]] std::vector<Slice> ready_order() const override;
   [[nodiscard]] std::vector<TensorView> views() const override { return views_; }
-  [[nodiscard]] std::string description_json() const override;
   [[nodiscard]] std::span<float> params() override;
   [[nodiscard]] std::span<float> grads() override;
   [[nodiscard]] std::string optimizer_name() const override { return optimizer_->name(); }

@@ -105,9 +105,9 @@ void check_same_model(comm::Backend& backend, const comm::Options& op, const wor
   std::size_t i = 0;
   while (i < lines.size() && i < theirs.size() && lines[i] == theirs[i]) ++i;
   SINEW_THROW(InvalidArgument,
-              "this rank's model differs from rank 0's at tensor {}: here {}, on rank 0 {}: build the same "
-              "model with the same arguments everywhere",
-              i, i < lines.size() ? lines[i] : "nothing (fewer tensors)",
+              "this rank's model differs from rank 0's; the first tensor that does: here {}, on rank 0 {}: "
+              "build the same model with the same arguments everywhere",
+              i < lines.size() ? lines[i] : "nothing (fewer tensors)",
               i < theirs.size() ? theirs[i] : "nothing (fewer tensors)");
 }
 
@@ -222,6 +222,8 @@ struct Session::Impl {
       check_same_model(fabric().backend(), setup.op, work);
       // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
       fabric().backend().broadcast_sync(comm::Buffer::of(work.params()), 0, setup.op);
+      for (const auto& [name, buf] : work.buffers())
+        fabric().backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
       work.to_device();
       checkpoints.resume(fabric());
       lr.start(state.pos(), group.size());

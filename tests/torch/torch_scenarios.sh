@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# PyTorch models trained through the sinew package (tests/torch/train_job.py), under mpirun, each job with a
+# deadline so that a hang fails the scenario.
+#
+# Usage: torch_scenarios.sh SCENARIO WORKDIR PYTHON PYTHONPATH MPIEXEC [MPIEXEC_FLAGS...]
+#   equivalence        4 ranks with batch b (ring) reach the parameters of 1 process with batch 4b
+#   reference          the failure-free 4-rank run the kill scenarios compare with (a fixture)
+#   forward, backward, optimizer, allreduce, checkpoint-write
+#                      kill -9 of a rank at that phase: recovered in place, a Python replacement spawned,
+#                      the audit exact, the final parameters the failure-free run's
+#   spare              the killed rank's place taken by a hot spare
+#   checkpoint         written on 4 ranks, resumed on 3, read by key with h5py, exported for torch.load
+#   algorithms         every --algorithm on a torch model: within 1 point of ring's accuracy
+#   bad-input          different models on the ranks, a float64 model, another model's checkpoint
+# Exit codes: 0 passed, 1 failed.
+set -u
+scenario=$1
+workdir=$2
+python=$3
+export PYTHONPATH=$4
+shift 4
+mpiexec=("$@")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+job=$here/train_job.py
+train_size=1024
+epochs=2
+
+mkdir -p "$workdir"
+d=$(mktemp -d -p "$workdir")
+trap "[ -n \"\${KEEP:-}\" ] || rm -rf \"\$d\"" EXIT
+
+# run N DEADLINE_S [train_job options] -- [sinew options]: the job; its output in $d/out.txt.
+run() {
+  local n=$1 deadline=$2
+  shift 2
+  timeout -k 5 "$deadline" "${mpiexec[@]}" -n "$n" -x PYTHONPATH "$python" "$job" "$@" >"$d/out.txt" 2>&1
+}
+# The sinew options every scenario shares: synthetic 1x8x8 data (1024 samples), a constant lr.
+common=(--dataset synthetic
+        --lr-schedule constant --warmup-steps 0 --progress false --log-every 8 --timeout-ms 30000)
+std=(--limit-train $train_size --epochs $epochs --batch-size 16 --lr 0.05)  # unless a scenario says otherwise
+
+fail() {
+  echo "FAIL $scenario: $*"
+  echo "---- last lines of the job's output ----"
+  tail -n 40 "$d/out.txt"
+  exit 1
+}
+
+# compare A B TOLERANCE: two saved flat parameter tensors, largest relative difference.
+compare() {
+  "$python" - "$1" "$2" "$3" <<'PY'
+import sys, torch
+a, b, tol = torch.load(sys.argv[1]), torch.load(sys.argv[2]), float(sys.argv[3])
+assert a.shape == b.shape, f"{list(b.shape)} parameters, the reference has {list(a.shape)}"
+worst = ((a - b).abs() / (1 + a.abs())).max().item()
+print(f"final parameters: largest relative difference {worst:.2e} (tolerance {tol:g})")
+sys.exit(0 if worst <= tol else "FAIL: the parameters differ")
+PY
+}
+
+audit() {
+  python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size $train_size --epochs $epochs
+}
+
+case "$scenario" in
+  equivalence)
+    # No BatchNorm (batch statistics differ with the batch), 20 steps, sgd with momentum.
+    run 1 120 --model mlp --params-out "$d/one.pt" -- "${common[@]}" --limit-train $train_size --epochs 1 --batch-size 64 --lr 0.05 --max-steps 20 \
+      || fail "1 process: exit $?"
+    run 4 120 --model mlp --params-out "$d/four.pt" -- "${common[@]}" --limit-train $train_size --epochs 1 --batch-size 16 --lr 0.05 --max-steps 20 \
+      --allreduce ring || fail "4 ranks: exit $?"
+    compare "$d/one.pt" "$d/four.pt" 1e-5 || fail "parameters"
+    ;;
+  reference)
+    run 4 180 --model cnn --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" --metrics "$d/metrics.jsonl" \
+      --audit-dir "$d/audit" || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 0 --final-world-size 4 || fail "metrics"
+    audit || fail "audit"
+    cp "$d/params.pt" "$workdir/reference-params.pt"
+    ;;
+  forward | backward | optimizer | allreduce | checkpoint-write)
+    extra=()
+    if [ "$scenario" = checkpoint-write ]; then extra=(--checkpoint-dir "$d/ckpt" --checkpoint-every 10); fi
+    run 4 180 --model cnn --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" --metrics "$d/metrics.jsonl" \
+      --audit-dir "$d/audit" --inject-fault "2:$scenario:20" "${extra[@]}" || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event shrink --event grow \
+      --event recovered --final-world-size 4 || fail "metrics"
+    grep -q "spawned as rank" "$d/out.txt" || fail "no replacement was spawned"
+    audit || fail "audit"
+    compare "$workdir/reference-params.pt" "$d/params.pt" 1e-4 || fail "parameters"
+    ;;
+  spare)
+    run 5 180 --model cnn --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" --metrics "$d/metrics.jsonl" \
+      --audit-dir "$d/audit" --spares 1 --inject-fault "1:backward:20" || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered \
+      --final-world-size 4 || fail "metrics"
+    grep -q "spawned as rank" "$d/out.txt" && fail "a process was spawned although a spare was there"
+    audit || fail "audit"
+    compare "$workdir/reference-params.pt" "$d/params.pt" 1e-4 || fail "parameters"
+    ;;
+  checkpoint)
+    # 4 ranks stop after 40 of 48 steps (checkpoints every 10); 3 ranks resume from the newest and finish.
+    run 4 180 --model cnn -- "${common[@]}" --limit-train $train_size --epochs 3 --batch-size 16 --lr 0.05 --max-steps 40 \
+      --checkpoint-dir "$d/ckpt" --checkpoint-every 10 \
+      || fail "4 ranks: exit $?"
+    run 3 180 --model cnn -- "${common[@]}" --limit-train $train_size --epochs 3 --batch-size 16 --lr 0.05 \
+      --checkpoint-dir "$d/ckpt" --checkpoint-every 1000 --resume auto \
+      || fail "3 ranks: exit $?"
+    grep -q -E "resum(ed|ing) .*step 40" "$d/out.txt" || fail "the 3-rank run did not resume from step 40"
+    "$python" - "$d/ckpt" "$job" <<'PY' || fail "reading the checkpoint"
+import importlib.util, os, sys
+import h5py, torch
+import sinew.checkpoint as ck
+path = ck.manifest(sys.argv[1])
+spec = importlib.util.spec_from_file_location("train_job", sys.argv[2])
+tj = importlib.util.module_from_spec(spec); spec.loader.exec_module(tj)
+net = tj.build("cnn", 1, 8, 8, 10)
+with h5py.File(path, "r") as f:  # h5py alone, by the module's own keys and shapes
+    for k, t in net.named_parameters():
+        got = f["model/" + k]
+        assert tuple(got.shape) == tuple(t.shape), (k, got.shape, t.shape)
+    for k, b in net.named_buffers():
+        if b.dtype == torch.float32:
+            assert f["tensors/buffers/" + k].shape == (b.numel(),), k
+out = os.path.join(sys.argv[1], "model.pt")
+n = ck.export(sys.argv[1], out)
+sd = torch.load(out)["model"]
+missing, unexpected = net.load_state_dict(sd, strict=False)
+assert not unexpected and all(m.endswith("num_batches_tracked") for m in missing), (missing, unexpected)
+with h5py.File(path, "r") as f:
+    assert torch.equal(net.state_dict()["4.weight"], torch.from_numpy(f["model/4.weight"][...]))
+print(f"checkpoint {path}: {n} tensors read by key with h5py, exported and loaded with torch.load")
+PY
+    ;;
+  algorithms)
+    # One epoch of the mlp per algorithm, 4 ranks (4096 samples, 64 steps: where every algorithm has
+    # converged, so that 1 point tells a broken one); each within 1 point of ring's test accuracy.
+    acc() { sed -n 's/.*done: .* test accuracy \([0-9.]*\)%.*/\1/p' "$d/out.txt" | tail -n 1; }
+    run 4 180 --model mlp -- "${common[@]}" --batch-size 16 --epochs 1 --limit-train 4096 --lr 0.05 --allreduce ring || fail "ring: exit $?"
+    ring=$(acc)
+    echo "ring: $ring %"
+    for a in "gradient_allreduce --allreduce mpi" "bytegrad --bytegrad-bits 8" "bytegrad --bytegrad-bits 4 --error-feedback true" \
+             "bytegrad --bytegrad-bits 2 --error-feedback true" "qadam --optimizer adam --lr 0.005 --qadam-warmup-steps 20" \
+             "powersgd" "decentralized" "low_precision_decentralized" "async" "auto"; do
+      lr=(--lr 0.05)
+      case "$a" in *--lr*) lr=() ;; esac
+      # shellcheck disable=SC2086  # the algorithm and its options
+      run 4 180 --model mlp -- "${common[@]}" "${lr[@]}" --batch-size 16 --epochs 1 --limit-train 4096 --algorithm $a \
+        || fail "$a: exit $?"
+      got=$(acc)
+      echo "$a: $got %"
+      python3 -c "import sys; sys.exit(0 if abs($got - $ring) <= 1.0 else 1)" \
+        || fail "$a: test accuracy $got %, ring's $ring %: more than 1 point apart"
+    done
+    ;;
+  bad-input)
+    run 2 120 --model mlp --width-on-rank 1:80 -- "${common[@]}" "${std[@]}"
+    rc=$?
+    [ $rc -eq 2 ] || fail "different models: exit $rc, expected 2"
+    grep -q "the first tensor that does: here 1.weight \[80, 64\], on rank 0 1.weight \[64, 64\]" \
+      "$d/out.txt" || fail "different models: the first differing parameter is not named"
+    run 2 120 --model mlp --double -- "${common[@]}" "${std[@]}"
+    rc=$?
+    [ $rc -eq 2 ] || fail "float64 model: exit $rc, expected 2"
+    grep -q -i "parameter '1.weight' is double, not float32" "$d/out.txt" || fail "float64 model: no clear error"
+    run 2 120 --model cnn -- "${common[@]}" "${std[@]}" --max-steps 10 --checkpoint-dir "$d/ckpt" --checkpoint-every 5 \
+      || fail "writing a cnn checkpoint: exit $?"
+    before=$(find "$d/ckpt" -type f -exec sha1sum {} + | sort)
+    run 2 120 --model mlp -- "${common[@]}" "${std[@]}" --checkpoint-dir "$d/ckpt" --resume auto
+    rc=$?
+    [ $rc -eq 4 ] || fail "another model's checkpoint: exit $rc, expected 4"
+    grep -q "written for another model\|this run needs" "$d/out.txt" || fail "another model's checkpoint: no clear error"
+    [ "$(find "$d/ckpt" -type f -exec sha1sum {} + | sort)" = "$before" ] || fail "the checkpoint was changed"
+    ;;
+  *)
+    echo "unknown scenario $scenario"
+    exit 2
+    ;;
+esac
+echo "PASS $scenario"
