@@ -72,11 +72,17 @@ class Job:
     """MPI, the elastic group and the session of one training job.
 
     options: sinew-train's options as a list of strings (default: sys.argv[1:]); `--help` prints them.
+    defaults: the script's own defaults, {"--epochs": 3, ...}, each used unless `options` has it.
     A replacement is started as this same process: sys.executable with sys.argv.
     """
 
-    def __init__(self, options=None):
+    def __init__(self, options=None, defaults=None):
         options = sys.argv[1:] if options is None else [str(o) for o in options]
+        # The script's own defaults ({"--epochs": 3, ...}), each unless the options give it.
+        given = {o.split("=", 1)[0] for o in options if o.startswith("--")}
+        for key, value in (defaults or {}).items():
+            if key not in given:
+                options += [key, str(value)]
         script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
         command = [sys.executable] + ([script] if script else []) + sys.argv[1:]
         # A replacement is started by the MPI runtime's daemons, whose environment is not this process's:

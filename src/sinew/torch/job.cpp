@@ -47,8 +47,11 @@ Job::Job(const std::vector<std::string>& options, std::vector<std::string> comma
   // The command as given: /proc/self/exe would name the interpreter behind a virtual environment's
   // python link, and the replacement would not see the environment's packages.
   membership::SpawnCommand spawn;
-  if (command.empty()) {
+  if (command.empty() || command[0].empty() || command[0][0] != '/') {
+    // A program by a relative name (C++'s argv[0]): this executable's absolute path, so that the
+    // runtime's daemons find it whatever their working directory.
     spawn = membership::SpawnCommand::of_this_process(0, nullptr);
+    if (!command.empty()) spawn.args.assign(command.begin() + 1, command.end());
   } else {
     spawn.program = command[0];
     spawn.args.assign(command.begin() + 1, command.end());

@@ -52,7 +52,8 @@ class Job {
  public:
   /// Parses `options` (sinew-train's: --epochs, --batch-size, --lr, --algorithm, --elastic, --spares,
   /// --checkpoint-dir, ...; InvalidArgument for a bad one), starts MPI and joins the group. `command` is
-  /// the command line that starts a replacement (argv of this process). A spawned process whose spawn
+  /// the command line that starts a replacement (argv of this process; a relative argv[0] stands for this
+  /// executable, /proc/self/exe). A spawned process whose spawn
   /// was abandoned exits here with code 0, as sinew-train does.
   Job(const std::vector<std::string>& options, std::vector<std::string> command);
   Job(const Job&) = delete;

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""torchvision's ResNet-18 on Fashion-MNIST with Sinew's elastic runtime.
+
+    mpirun -n 4 [mpi_scripts/env.sh's flags] python3 examples/torch/train_resnet.py [sinew options]
+
+The model is torchvision's, adapted to 1x28x28 inputs: a 3x3 stride-1 stem for one channel (the max-pool
+stays), 10 classes. Data: the Fashion-MNIST of Debian's dataset-fashion-mnist, loaded by Sinew (nothing is
+downloaded). Any sinew-train option may be given (--epochs, --batch-size, --lr, --algorithm, --spares,
+--checkpoint-dir, ...); the ones below are this script's defaults. If a rank dies, the others recover in
+place, redo the step and start a replacement running this same script.
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+import sinew
+
+DEFAULTS = {"--epochs": 3, "--batch-size": 32, "--lr": 0.05, "--momentum": 0.9, "--weight-decay": 5e-4,
+            "--lr-schedule": "cosine", "--warmup-steps": 100}
+
+
+def resnet18_fashion_mnist():
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18(num_classes=10)
+    m.conv1 = nn.Conv2d(1, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    return m
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    args, sinew_options = p.parse_known_args()
+    torch.set_num_threads(args.threads)
+
+    job = sinew.Job(sinew_options, defaults=DEFAULTS)
+    train_x, train_y, test_x, test_y, about = job.dataset()
+    model = job.wrap(resnet18_fashion_mnist(), "resnet18")
+    if job.rank == 0:
+        print(f"[train_resnet] {about}; {model.describe()}", flush=True)
+
+    def train_step(indices):
+        idx = torch.tensor(indices)
+        loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
+        loss.backward()
+        return loss.item()
+
+    def evaluate(first, last):
+        loss, correct = 0.0, 0
+        for s in range(first, last, 500):
+            x, y = test_x[s:min(s + 500, last)], test_y[s:min(s + 500, last)]
+            out = model(x)
+            loss += F.cross_entropy(out, y, reduction="sum").item()
+            correct += int((out.argmax(1) == y).sum())
+        return loss, correct
+
+    summary = job.run(model, len(train_x), train_step, evaluate, len(test_x))
+    if job.rank == 0 and not summary["left"]:
+        print(f"[train_resnet] done: test accuracy {100 * summary['test_accuracy']:.2f}% after "
+              f"{summary['epochs']} epochs ({summary['steps']} steps, {summary['wall_s']:.0f} s, "
+              f"{summary['failures']} failures recovered, {summary['world_size']} ranks at the end)", flush=True)
+    job.exit(summary["exit_code"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
