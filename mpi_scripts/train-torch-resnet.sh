@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# torchvision's ResNet-18 on Fashion-MNIST through the sinew Python package (examples/torch/train_resnet.py),
+# 4 ranks, 3 epochs, like the README's first command: set-up (if needed; it installs Torch from PyPI), build,
+# then about a third of the way in one rank is killed with kill -9. The others recover in place, take the
+# state from their memory, redo the step and spawn a replacement (python3 running the same script) that
+# takes its state from theirs; the job finishes. Prints the recovery's timings, checks the exactly-once
+# audit and prints the test accuracy. About 10 minutes on 2 cores.
+# SINEW_KILL=0 trains without the kill. Extra arguments go to the script (sinew-train's options).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bash "$here/setup.sh"
+bash "$here/build.sh" >/dev/null
+. "$here/env.sh"
+if [ ! -e "$SINEW_BUILD_DIR/python/sinew/__init__.py" ] || ! ls "$SINEW_BUILD_DIR"/python/sinew/_core*.so >/dev/null 2>&1; then
+  echo "[sinew] the Python package was not built (no Torch >= 2.1: see $SINEW_BUILD_DIR/configure.log)" >&2
+  exit 1
+fi
+ranks=${SINEW_RANKS:-4}
+epochs=3
+metrics=${SINEW_METRICS:-$PWD/torch-resnet-metrics.jsonl}
+audit=$(mktemp -d)
+trap 'rm -rf "$audit"' EXIT
+rm -f "$metrics"
+args=(--epochs $epochs --metrics "$metrics" --audit-dir "$audit" --log-every 100 "$@")
+export PYTHONPATH="$SINEW_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
+echo "[sinew] mpirun -n $ranks python3 examples/torch/train_resnet.py ${args[*]}"
+"$SINEW_MPIRUN" "${SINEW_MPIRUN_FLAGS[@]}" -n "$ranks" -x PYTHONPATH "$SINEW_TORCH_VENV/bin/python" \
+  "$here/../examples/torch/train_resnet.py" "${args[@]}" &
+job=$!
+if [ "${SINEW_KILL:-1}" = 1 ]; then
+  # Wait for step 500 of ~1400, then kill -9 the rank started as rank 2.
+  for _ in $(seq 4800); do
+    step=$(grep -o '"step":[0-9]*' "$metrics" 2>/dev/null | tail -n 1 | cut -d: -f2 || true)
+    [ "${step:-0}" -ge 500 ] && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.25
+  done
+  for p in $(pgrep -f -- "--audit-dir $audit" || true); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
+      echo "[sinew] kill -9 $p (rank 2) at step ${step:-?}"
+      kill -9 "$p"
+    fi
+  done
+fi
+rc=0
+wait $job || rc=$?
+python3 "$here/recovery-report.py" "$metrics"
+python3 "$here/check-audit.py" "$audit" --dataset-size 60000 --epochs $epochs | tail -n 1
+exit $rc
