@@ -44,13 +44,16 @@ class Model:
     running statistics) are moved into Sinew's flat buffers; the tensors stay the module's own, now views.
     """
 
-    def __init__(self, job, module, name=None):
+    def __init__(self, job, module, name=None, optimizer=None):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"sinew: expected a torch.nn.Module, got {type(module).__name__}")
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         buffers = [(n, b) for n, b in module.named_buffers() if b.dtype == torch.float32]
         self.module = module
+        self.optimizer = optimizer
         self._work = _core.Workload(params, buffers, job._job, name or type(module).__name__)
+        if optimizer is not None:
+            _adopt(optimizer, self._work, params)
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -66,6 +69,86 @@ class Model:
     @property
     def flat_grads(self):
         return self._work.flat_grads
+
+
+def _usage(message):
+    """A Sinew error with the exit code of bad input (2)."""
+    e = Error(message)
+    e.exit_code = 2
+    return e
+
+
+def _adopt(opt, work, named_params):
+    """Makes a torch.optim optimiser's per-parameter state part of Sinew's replicated state.
+
+    Its state is created (one step with zero gradients and learning rate 0 changes no parameter), then every
+    state tensor of a parameter's shape is moved into a flat tensor per key ("momentum_buffer", "exp_avg",
+    ...) of the parameters' layout and replaced by a view of it; the optimiser's in-place updates then write
+    Sinew's buffers, which replacements receive and checkpoints hold (optim/<key>). The learning rate of
+    each step is Sinew's (--lr, its schedule and rescaling); the optimiser's other settings are its own.
+    """
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"sinew: optimizer must be a torch.optim.Optimizer, got {type(opt).__name__}")
+    ours = {id(p): n for n, p in named_params}
+    theirs = [p for g in opt.param_groups for p in g["params"]]
+    for p in theirs:
+        if id(p) not in ours:
+            raise _usage("the optimizer has a parameter the model does not train (one that does not require "
+                         "a gradient, or of another module): give it model.parameters()")
+    if len({id(p) for p in theirs}) != len(ours):
+        missing = [n for n, p in named_params if id(p) not in {id(q) for q in theirs}]
+        raise _usage(f"the optimizer does not update parameter '{missing[0]}': give it all of model.parameters()")
+    flat = work.flat_params
+    base = flat.data_ptr()
+    offset = {id(p): (p.data_ptr() - base) // flat.element_size() for _, p in named_params}
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+    opt.step()  # the gradients are zero: the state is created, no parameter moves
+    for g, lr in zip(opt.param_groups, lrs):
+        g["lr"] = lr
+    keys = []
+    for n, p in named_params:
+        st = opt.state.get(p, {})
+        for k, v in st.items():
+            if torch.is_tensor(v) and v.shape == p.shape and v.dtype == torch.float32 and k not in keys:
+                keys.append(k)
+    state = []
+    for k in keys:
+        buf = torch.zeros_like(flat)
+        for n, p in named_params:
+            st = opt.state.get(p, {})
+            if k not in st:
+                raise _usage(f"the optimizer keeps '{k}' for some parameters but not for '{n}': Sinew cannot "
+                             "hold its state in one buffer")
+            view = buf[offset[id(p)]:offset[id(p)] + p.numel()].view_as(p)
+            view.copy_(st[k])
+            st[k] = view
+        state.append((k, buf))
+
+    def steps():
+        for p in theirs:
+            s = opt.state.get(p, {}).get("step")
+            if s is not None:
+                return int(s.item()) if torch.is_tensor(s) else int(s)
+        return 0
+
+    def set_steps(n):
+        for p in theirs:
+            st = opt.state.get(p, {})
+            if "step" in st:
+                if torch.is_tensor(st["step"]):
+                    st["step"].fill_(n)
+                else:
+                    st["step"] = n
+
+    def step(lr):
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+
+    set_steps(0)  # the initialising step above did not happen
+    work.use_optimizer(type(opt).__name__, state, step, steps, set_steps)
 
 
 class Job:
@@ -120,10 +203,13 @@ class Job:
         except Error as e:
             self._fail(e)
 
-    def wrap(self, module, name=None):
-        """The module as a Model of this job (see Model)."""
+    def wrap(self, module, name=None, optimizer=None):
+        """The module as a Model of this job (see Model). The optimiser is Sinew's fused one of --optimizer
+        (sgd | adam) over the flat buffers, or `optimizer`, a torch.optim optimiser over the module's
+        parameters, whose state then becomes part of Sinew's replicated state (replacements receive it,
+        checkpoints hold it); the learning rate is always Sinew's (--lr and its schedule)."""
         try:
-            return Model(self, module, name)
+            return Model(self, module, name, optimizer)
         except Error as e:
             self._fail(e)
 

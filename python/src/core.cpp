@@ -94,7 +94,17 @@ PYBIND11_MODULE(_core, m) {
       .def("describe", &pytorch::TorchWorkload::describe)
       .def_property_readonly("flat_params", &pytorch::TorchWorkload::flat_params)
       .def_property_readonly("flat_grads", &pytorch::TorchWorkload::flat_grads)
-      .def("unreported", &pytorch::TorchWorkload::unreported);
+      .def("unreported", &pytorch::TorchWorkload::unreported)
+      .def(
+          "use_optimizer",
+          [](pytorch::TorchWorkload& w, std::string name,
+             const std::vector<std::pair<std::string, at::Tensor>>& state, std::function<void(float)> step,
+             std::function<std::int64_t()> steps, std::function<void(std::int64_t)> set_steps) {
+            // The functions run Python: pybind11's function wrapper takes the GIL for each call.
+            w.use_optimizer(
+                {std::move(name), named(state), std::move(step), std::move(steps), std::move(set_steps)});
+          },
+          py::arg("name"), py::arg("state"), py::arg("step"), py::arg("steps"), py::arg("set_steps"));
 
   py::class_<pytorch::Job>(m, "Job")
       .def(py::init<const std::vector<std::string>&, std::vector<std::string>>(), py::arg("options"),

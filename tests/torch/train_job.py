@@ -40,6 +40,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--width-on-rank", default="", help="R:W: rank R builds its hidden layer W wide (a mismatch)")
     p.add_argument("--double", action="store_true", help="the model in float64 (refused)")
+    p.add_argument("--torch-optimizer", default="", help="sgd | adam: a torch.optim optimiser instead of Sinew's")
     args, sinew_options = p.parse_known_args()
     if sinew_options and sinew_options[0] == "--":
         sinew_options = sinew_options[1:]
@@ -55,7 +56,12 @@ def main():
     net = build(args.model, c, h, w, int(max(train_y.max(), test_y.max())) + 1, hidden)
     if args.double:
         net = net.double()
-    model = job.wrap(net, args.model)
+    opt = None
+    if args.torch_optimizer == "sgd":
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    elif args.torch_optimizer == "adam":
+        opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    model = job.wrap(net, args.model, optimizer=opt)
     if job.rank == 0:
         print(f"[train_job] {about}; {model.describe()}", flush=True)
 

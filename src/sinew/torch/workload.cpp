@@ -137,7 +137,48 @@ std::vector<Slice> TorchWorkload::ready_order() const {
 std::span<float> TorchWorkload::params() { return span_of(flat_params_); }
 std::span<float> TorchWorkload::grads() { return span_of(flat_grads_); }
 
-void TorchWorkload::optimizer_step(float lr) { optimizer_->step(params(), grads(), lr); }
+std::string TorchWorkload::optimizer_name() const { return external_ ? external_->name : optimizer_->name(); }
+
+NamedSpans TorchWorkload::optimizer_state() {
+  if (!external_) return optimizer_->state();
+  NamedSpans out;
+  for (const NamedTensor& t : external_->state) out.emplace_back(t.name, span_of(t.tensor));
+  return out;
+}
+
+std::int64_t TorchWorkload::optimizer_steps() const {
+  return external_ ? external_->steps() : optimizer_->steps();
+}
+
+void TorchWorkload::set_optimizer_steps(std::int64_t steps) {
+  if (external_) {
+    external_->set_steps(steps);
+  } else {
+    optimizer_->set_steps(steps);
+  }
+}
+
+void TorchWorkload::optimizer_step(float lr) {
+  if (external_) {
+    external_->step(lr);
+  } else {
+    optimizer_->step(params(), grads(), lr);
+  }
+}
+
+void TorchWorkload::use_optimizer(ExternalOptimizer o) {
+  if (!o.step || !o.steps || !o.set_steps)
+    SINEW_THROW(InvalidArgument, "optimizer {}: its step and step-count functions are required", o.name);
+  for (const NamedTensor& t : o.state) {
+    if (!t.tensor.defined() || t.tensor.scalar_type() != at::kFloat || !t.tensor.device().is_cpu() ||
+        !t.tensor.is_contiguous() || t.tensor.numel() != flat_params_.numel()) {
+      SINEW_THROW(InvalidArgument,
+                  "optimizer {}: its state '{}' must be a contiguous float32 CPU tensor of the {} parameters",
+                  o.name, t.name, flat_params_.numel());
+    }
+  }
+  external_ = std::move(o);
+}
 
 NamedSpans TorchWorkload::buffers() {
   NamedSpans out;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,6 +42,17 @@ namespace sinew::pytorch {
 struct NamedTensor {
   std::string name;
   at::Tensor tensor;
+};
+
+/// An optimiser that is not one of Sinew's (a torch.optim one, adopted by the Python package): its per-
+/// parameter state lives in flat tensors of the parameters' layout, named by its keys ("momentum_buffer",
+/// "exp_avg"), so that replacements receive it and checkpoints hold it.
+struct ExternalOptimizer {
+  std::string name;
+  std::vector<NamedTensor> state;       ///< flat float32 tensors, each as large as the parameters
+  std::function<void(float lr)> step;   ///< one update from the gradients with learning rate lr
+  std::function<std::int64_t()> steps;  ///< its step count (Adam's bias correction)
+  std::function<void(std::int64_t)> set_steps;
 };
 
 class TorchWorkload final : public workload::Workload {
@@ -63,11 +75,14 @@ class TorchWorkload final : public workload::Workload {
   [[nodiscard]] std::vector<TensorView> views() const override { return views_; }
   [[nodiscard]] std::span<float> params() override;
   [[nodiscard]] std::span<float> grads() override;
-  [[nodiscard]] std::string optimizer_name() const override { return optimizer_->name(); }
-  [[nodiscard]] NamedSpans optimizer_state() override { return optimizer_->state(); }
-  [[nodiscard]] std::int64_t optimizer_steps() const override { return optimizer_->steps(); }
-  void set_optimizer_steps(std::int64_t steps) override { optimizer_->set_steps(steps); }
+  [[nodiscard]] std::string optimizer_name() const override;
+  [[nodiscard]] NamedSpans optimizer_state() override;
+  [[nodiscard]] std::int64_t optimizer_steps() const override;
+  void set_optimizer_steps(std::int64_t steps) override;
   void optimizer_step(float lr) override;
+  /// Replaces Sinew's fused optimiser with `o` (before training starts). Throws InvalidArgument for a state
+  /// tensor that is not a float32 CPU tensor of the parameters' size, or a missing function.
+  void use_optimizer(ExternalOptimizer o);
   [[nodiscard]] NamedSpans buffers() override;
 
   // ---- a step, driven by the caller -----------------------------------------------------------------
@@ -106,6 +121,7 @@ class TorchWorkload final : public workload::Workload {
   std::string model_;
   at::Tensor flat_params_, flat_grads_, flat_buffers_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<ExternalOptimizer> external_;
   workload::ReadyFn ready_;
   std::function<void()> first_ready_;
   std::vector<bool> done_;  // per parameter: reported in the current micro-batch
