@@ -12,6 +12,7 @@
 #   checkpoint         written on 4 ranks, resumed on 3, read by key with h5py, exported for torch.load
 #   algorithms         every --algorithm on a torch model: within 1 point of ring's accuracy
 #   torch-optimizer    torch.optim.SGD equals Sinew's SGD; torch.optim.Adam's state survives a kill
+#   pip-install        pip install from the source tree without a network; a job from the installed copy
 #   bad-input          different models on the ranks, a float64 model, another model's checkpoint
 # Exit codes: 0 passed, 1 failed.
 set -u
@@ -187,6 +188,18 @@ for k in ref["optim"]:
     print(f"optim/{k}: {a.numel()} elements, largest relative difference {worst:.1e}")
     assert worst <= 1e-3, k
 PY
+    ;;
+  pip-install)
+    # pip from the source tree, no network and no index; then a 2-rank job with a kill from the installed copy.
+    tree() { find "$root/python" -not -path '*/__pycache__*' | sort; }
+    before=$(tree)
+    SINEW_BUILD_DIR=$(cd "$(dirname "$PYTHONPATH")" && pwd) "$python" -m pip install --quiet --no-build-isolation --no-deps \
+      --no-index --target "$d/site" "$root/python" >"$d/out.txt" 2>&1 || fail "pip install: exit $?"
+    [ "$(tree)" = "$before" ] || fail "pip wrote into the source tree: $(diff <(echo "$before") <(tree))"
+    export PYTHONPATH=$d/site
+    run 2 120 --model mlp -- "${common[@]}" "${std[@]}" --inject-fault 1:backward:10 || fail "installed: exit $?"
+    grep -q "done: 64 steps, .* 1 failures" "$d/out.txt" || fail "the installed package's job did not recover"
+    grep -q "$d/site/sinew" <("$python" -c "import sinew; print(sinew.__file__)") || fail "not the installed copy"
     ;;
   bad-input)
     run 2 120 --model mlp --width-on-rank 1:80 -- "${common[@]}" "${std[@]}"
