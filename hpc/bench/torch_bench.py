@@ -15,6 +15,7 @@ torch.nn (6 layers, d=512, 8 heads, a 8 000-word embedding, sequences of 64). Pr
 torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
 """
 import argparse
+import glob
 import json
 import os
 import resource
@@ -68,6 +69,11 @@ def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def write_result(args, rank, result):
+    with open(os.path.join(os.path.dirname(args.metrics), f"result-{args.impl}-{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
 def worker(args):
     import torch
     import torch.nn.functional as F
@@ -93,7 +99,7 @@ def worker(args):
         dist.barrier()
         result = {"rank": rank, "step_ms": times[args.warmup:], "rss_mb": rss_mb()}
         dist.destroy_process_group()
-        print("RESULT " + json.dumps(result), flush=True)
+        write_result(args, rank, result)
         return 0
     import sinew
     job = sinew.Job(["--max-steps", str(total), "--epochs", "1", "--batch-size", str(args.batch), "--lr", "0.01",
@@ -109,7 +115,7 @@ def worker(args):
         return loss.item()
 
     summary = job.run(model, len(x), step)
-    print("RESULT " + json.dumps({"rank": job.rank, "rss_mb": rss_mb()}), flush=True)
+    write_result(args, job.rank, {"rank": job.rank, "rss_mb": rss_mb()})
     job.exit(summary["exit_code"])
 
 
@@ -122,7 +128,8 @@ def launch(args, impl, model):
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(args.build, "python")] +
                                         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=1800)
-    results = [json.loads(l[7:]) for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    files = sorted(glob.glob(os.path.join(os.path.dirname(args.metrics), f"result-{impl}-*.json")))
+    results = [json.load(open(f)) for f in files]
     if out.returncode != 0 or len(results) != args.ranks:
         sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
         raise SystemExit(f"{impl} {model}: exit {out.returncode}, {len(results)} results")
@@ -161,7 +168,7 @@ def main():
             ddp = launch(args, "ddp", model)
             sinew_res = launch(args, "sinew", model)
             events = [json.loads(l) for l in open(args.metrics) if l.strip()]
-        steps = [e for e in events if e.get("event") == "step" and e["step"] > args.warmup]
+        steps = [e for e in events if "step_ms" in e and "event" not in e and e["step"] > args.warmup]
         ddp_ms = statistics.median(t for r in ddp for t in r["step_ms"])
         sinew_ms = statistics.median(e["step_ms"] for e in steps)
         comm = sum(e["comm_ms"] for e in steps)
