@@ -2,11 +2,12 @@
 """Plots for docs/benchmarks.md from the JSON that the benchmarks write.
 
 usage: plot.py OUT_DIR [allreduce-2.json allreduce-4.json ...] [--train-step train_step_summary.json]
-                [--checkpoint checkpoint_summary.json]
+                [--checkpoint checkpoint_summary.json] [--torch torch_bench.json]
 Writes OUT_DIR/allreduce_busbw.png (bus bandwidth vs message size, Sinew bucketed vs MPI_Allreduce, one
 line pair per rank count), OUT_DIR/train_step.png (step time, Sinew vs PyTorch DDP) and
 OUT_DIR/checkpoint_vs_dd.png (checkpoint write and restore throughput as a multiple of dd's, local disk
-and GlusterFS; hpc/bench/checkpoint_bench.sh).
+and GlusterFS; hpc/bench/checkpoint_bench.sh) and OUT_DIR/torch_vs_ddp.png (PyTorch models, Sinew against
+DDP: step time, peak memory, communication hidden behind backward; hpc/bench/torch_bench.py).
 """
 import argparse
 import json
@@ -24,6 +25,7 @@ def main():
     p.add_argument("allreduce", nargs="*")
     p.add_argument("--train-step")
     p.add_argument("--checkpoint")
+    p.add_argument("--torch")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.allreduce:
@@ -71,6 +73,28 @@ def main():
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "checkpoint_vs_dd.png"), dpi=110)
+    if a.torch:
+        s = json.load(open(a.torch))
+        rows = s["rows"]
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        x = range(len(rows))
+        for ax, (key_d, key_s, unit, title) in zip(axes, [
+                ("ddp_step_ms", "sinew_step_ms", "ms", "median step time"),
+                ("ddp_rss_mb", "sinew_rss_mb", "MB", "peak resident memory per rank")]):
+            bd = ax.bar([i - 0.2 for i in x], [r[key_d] for r in rows], 0.4, label="PyTorch DDP (gloo)",
+                        color="tab:orange")
+            bs = ax.bar([i + 0.2 for i in x], [r[key_s] for r in rows], 0.4, label="Sinew (ring)", color="tab:blue")
+            ax.bar_label(bd, fmt="%.0f", fontsize=8)
+            ax.bar_label(bs, fmt="%.0f", fontsize=8)
+            ax.set_xticks(list(x), [f"{r['model']}\nSinew {r['ratio']:.2f}x DDP, {100 * r['hidden']:.0f}% hidden"
+                                    if key_s == "sinew_step_ms" else r["model"] for r in rows], fontsize=8)
+            ax.set_ylabel(unit)
+            ax.set_title(title, fontsize=10)
+            ax.margins(y=0.25)
+        axes[0].legend(fontsize=8, loc="upper left")
+        fig.suptitle(f"{rows[0]['ranks']} ranks on {s.get('cores', '?')} cores, one torch thread each", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "torch_vs_ddp.png"), dpi=110)
 
 
 if __name__ == "__main__":
