@@ -33,8 +33,9 @@ finally:
     sys.setdlopenflags(_flags)
 
 Error = _core.Error
+CommFailure = _core.CommFailure  # a rank failed: recovered in place by Job.run / Job.elastic
 
-__all__ = ["Error", "Job", "Model"]
+__all__ = ["CommFailure", "Error", "Job", "Model", "State", "data"]
 
 
 class Model:
@@ -151,6 +152,24 @@ def _adopt(opt, work, named_params):
     work.use_optimizer(type(opt).__name__, state, step, steps, set_steps)
 
 
+class State:
+    """What training is: the model (and its optimiser), the sampler with its epoch and step. Everything in
+    it lives in Sinew's replicated state, so after a recovery it is the survivors' (see Job.state)."""
+
+    def __init__(self, model, sampler):
+        self.model = model
+        self.optimizer = model.optimizer
+        self.sampler = sampler
+
+    @property
+    def epoch(self):
+        return self.sampler.epoch
+
+    @property
+    def step(self):
+        return self.sampler.step
+
+
 class Job:
     """MPI, the elastic group and the session of one training job.
 
@@ -245,6 +264,48 @@ class Job:
         """A Sinew error: its message, and the exit with its code (docs/usage.md), MPI finalized."""
         print(f"[sinew] rank {self.rank}: {e}", file=sys.stderr)
         self.exit(getattr(e, "exit_code", 1))
+
+    def state(self, model, train_size, evaluate=None, test_size=0):
+        """The Horovod-style elastic state of this job's training: model, optimiser, sampler, epoch, step.
+
+            state = job.state(model, len(train_x), evaluate, len(test_x))
+
+            @job.elastic
+            def train(state):
+                for indices in state.sampler:          # sinew.data.ElasticSampler
+                    loss = F.cross_entropy(model(train_x[indices]), train_y[indices])
+                    loss.backward()
+                    state.sampler.report(loss.item())  # (optional: the metrics' loss)
+
+            summary = train(state)
+
+        When a rank dies, the exception leaves train(); job.elastic recovers in place (the state comes
+        from the survivors' memory) and calls train(state) again, which goes on at the lost step.
+        """
+        from .data import ElasticSampler
+        sampler = ElasticSampler(self, model, train_size, evaluate, test_size)
+        return State(model, sampler)
+
+    def elastic(self, fn):
+        """Decorates a training function of a State: rank failures are recovered in place and the function
+        is called again (Horovod elastic's hvd.elastic.run); returns the summary when training is over."""
+        import functools
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            try:
+                while True:
+                    try:
+                        fn(*args, **kwargs)
+                        break
+                    except CommFailure:
+                        self._job.recover()
+                return self._job.finish()
+            except CommFailure as e:  # not recoverable (--elastic off), or a recovery failed
+                self._fail(e)
+            except Error as e:
+                self._fail(e)
+        return run
 
     def exit(self, code=0):
         """Finalizes MPI (bounded: it cannot hang after a failure) and exits with `code`."""

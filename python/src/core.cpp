@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,16 +68,50 @@ at::Tensor labels(const data::Dataset& d) {
   return t;
 }
 
+/// The CommFailure last handed to Python as sinew.CommFailure (Job.recover() recovers from it).
+std::exception_ptr& last_failure() {
+  static std::exception_ptr p;
+  return p;
+}
+
+pytorch::Steps steps_of(
+    const std::function<double(std::vector<std::size_t>)>& train,
+    const std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)>& evaluate,
+    std::size_t test_size) {
+  // The callbacks run Python: pybind11's function wrapper takes the GIL for each call.
+  pytorch::Steps steps;
+  if (train) {
+    steps.train = [train](std::span<const std::size_t> idx) {
+      return train(std::vector<std::size_t>(idx.begin(), idx.end()));
+    };
+  }
+  if (evaluate) {
+    steps.evaluate = [evaluate](std::size_t first, std::size_t last) {
+      const auto [loss, correct] = evaluate(first, last);
+      return workload::EvalSums{loss, correct};
+    };
+  }
+  steps.test_size = test_size;
+  return steps;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Sinew's elastic runtime for PyTorch models (C++ core)";
   // Sinew's errors keep their exit code (docs/usage.md): the Python layer exits with it.
-  // (The type object lives as long as the module: a handle, never decremented at exit.)
+  // (The type objects live as long as the module: handles, never decremented at exit.)
   static const py::handle error = py::exception<Error>(m, "Error").release();
+  // A rank failure: the Python layer calls Job.recover(), which recovers from the failure kept here.
+  static const py::handle comm_failure = py::exception<CommFailure>(m, "CommFailure", error).release();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const CommFailure& e) {
+      last_failure() = p;
+      py::object exc = py::reinterpret_borrow<py::object>(comm_failure)(e.what());
+      exc.attr("exit_code") = static_cast<int>(e.exit_code());
+      PyErr_SetObject(comm_failure.ptr(), exc.ptr());
     } catch (const Error& e) {
       py::object exc = py::reinterpret_borrow<py::object>(error)(e.what());
       exc.attr("exit_code") = static_cast<int>(e.exit_code());
@@ -123,18 +159,7 @@ PYBIND11_MODULE(_core, m) {
              std::function<double(std::vector<std::size_t>)> train,
              std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)> evaluate,
              std::size_t test_size) {
-            pytorch::Steps steps;
-            // The callbacks run Python: pybind11's function wrapper takes the GIL for each call.
-            steps.train = [&train](std::span<const std::size_t> idx) {
-              return train(std::vector<std::size_t>(idx.begin(), idx.end()));
-            };
-            if (evaluate) {
-              steps.evaluate = [&evaluate](std::size_t first, std::size_t last) {
-                const auto [loss, correct] = evaluate(first, last);
-                return workload::EvalSums{loss, correct};
-              };
-            }
-            steps.test_size = test_size;
+            const pytorch::Steps steps = steps_of(train, evaluate, test_size);
             train::Summary s;
             {
               py::gil_scoped_release nogil;  // collectives, the communication thread, recovery
@@ -144,6 +169,52 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("workload"), py::arg("train_size"), py::arg("train"), py::arg("evaluate"),
           py::arg("test_size"))
+      .def(
+          "start",
+          [](pytorch::Job& job, pytorch::TorchWorkload& work, std::size_t train_size,
+             std::function<double(std::vector<std::size_t>)> train,
+             std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)> evaluate,
+             std::size_t test_size) {
+            // Kept by the job for its life (--algorithm auto's measure, the evaluation).
+            const pytorch::Steps steps = steps_of(train, evaluate, test_size);
+            py::gil_scoped_release nogil;
+            return job.start(work, train_size, steps);
+          },
+          py::arg("workload"), py::arg("train_size"), py::arg("train"), py::arg("evaluate"),
+          py::arg("test_size"))
+      .def(
+          "next",
+          [](pytorch::Job& job, double loss) -> py::object {
+            std::optional<pytorch::MicroBatch> b;
+            {
+              py::gil_scoped_release nogil;
+              b = job.next(loss);
+            }
+            if (!b) return py::none();
+            return py::make_tuple(std::vector<std::size_t>(b->indices.begin(), b->indices.end()), b->index,
+                                  b->count, b->step, b->epoch);
+          },
+          py::arg("loss"))
+      .def("recover",
+           [](pytorch::Job& job) {
+             std::exception_ptr p = std::exchange(last_failure(), nullptr);
+             if (!p) SINEW_THROW(InvalidArgument, "Job.recover(): no rank failure to recover from");
+             py::gil_scoped_release nogil;
+             try {
+               std::rethrow_exception(p);
+             } catch (const CommFailure& e) {
+               job.recover(e);
+             }
+           })
+      .def("finish",
+           [](pytorch::Job& job) {
+             train::Summary s;
+             {
+               py::gil_scoped_release nogil;
+               s = job.finish();
+             }
+             return summary_dict(s);
+           })
       .def("dataset",
            [](const pytorch::Job& job) {
              const data::DataSplit d = job.dataset();

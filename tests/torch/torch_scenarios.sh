@@ -9,6 +9,7 @@
 #                      kill -9 of a rank at that phase: recovered in place, a Python replacement spawned,
 #                      the audit exact, the final parameters the failure-free run's
 #   spare              the killed rank's place taken by a hot spare
+#   sampler-api        the Horovod-style loop (ElasticSampler, @job.elastic) with a kill in backward
 #   checkpoint         written on 4 ranks, resumed on 3, read by key with h5py, exported for torch.load
 #   algorithms         every --algorithm on a torch model: within 1 point of ring's accuracy
 #   torch-optimizer    torch.optim.SGD equals Sinew's SGD; torch.optim.Adam's state survives a kill
@@ -90,6 +91,16 @@ case "$scenario" in
     python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event shrink --event grow \
       --event recovered --final-world-size 4 || fail "metrics"
     grep -q "spawned as rank" "$d/out.txt" || fail "no replacement was spawned"
+    audit || fail "audit"
+    compare "$workdir/reference-params.pt" "$d/params.pt" 1e-4 || fail "parameters"
+    ;;
+  sampler-api)
+    # The Horovod-style loop (job.state, @job.elastic, sinew.data.ElasticSampler) instead of job.run: a kill
+    # in backward is recovered in place and the result is job.run's failure-free one.
+    run 4 180 --model cnn --api sampler --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" \
+      --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --inject-fault "2:backward:20" || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered --final-world-size 4 \
+      || fail "metrics"
     audit || fail "audit"
     compare "$workdir/reference-params.pt" "$d/params.pt" 1e-4 || fail "parameters"
     ;;

@@ -41,6 +41,8 @@ def main():
     p.add_argument("--width-on-rank", default="", help="R:W: rank R builds its hidden layer W wide (a mismatch)")
     p.add_argument("--double", action="store_true", help="the model in float64 (refused)")
     p.add_argument("--torch-optimizer", default="", help="sgd | adam: a torch.optim optimiser instead of Sinew's")
+    p.add_argument("--api", default="run", help="run (job.run with a step function) | sampler (Horovod style: "
+                   "job.state, job.elastic, sinew.data.ElasticSampler)")
     args, sinew_options = p.parse_known_args()
     if sinew_options and sinew_options[0] == "--":
         sinew_options = sinew_options[1:]
@@ -76,7 +78,17 @@ def main():
         y = test_y[first:last]
         return F.cross_entropy(out, y, reduction="sum").item(), int((out.argmax(1) == y).sum())
 
-    summary = job.run(model, len(train_x), train_step, evaluate, len(test_x))
+    if args.api == "sampler":
+        state = job.state(model, len(train_x), evaluate, len(test_x))
+
+        @job.elastic
+        def train(state):
+            for indices in state.sampler:
+                state.sampler.report(train_step(indices))
+
+        summary = train(state)
+    else:
+        summary = job.run(model, len(train_x), train_step, evaluate, len(test_x))
     if job.rank == 0 and not summary["left"]:
         print(f"[train_job] done: {summary['steps']} steps, test accuracy {100 * summary['test_accuracy']:.2f}%, "
               f"{summary['failures']} failures, world {summary['world_size']}", flush=True)

@@ -29,7 +29,16 @@ struct Job::Impl {
   std::optional<mpi::Environment> env;
   std::optional<membership::Group> group;
   std::unique_ptr<train::Session> session;
-  bool ran = false;
+  TorchWorkload* work = nullptr;
+  Steps steps;
+  // next()'s place in the session's loop
+  train::StepPlan plan;
+  bool in_step = false;    // begin_step() done, end_step() not yet
+  bool computing = false;  // a micro-batch was handed out; its loss comes with the next call
+  bool done = false;
+  std::size_t j = 0;        // the micro-batch of the step
+  std::size_t samples = 0;  // in the micro-batch handed out
+  double step_loss = 0;
 };
 
 Job::Job(const std::vector<std::string>& options, std::vector<std::string> command)
@@ -97,72 +106,121 @@ int Job::size() const {
 }
 train::Session* Job::session() noexcept { return impl_->session.get(); }
 
-train::Summary Job::run(TorchWorkload& work, std::size_t train_size, const Steps& steps) {
-  if (!impl_->group || impl_->ran)
-    SINEW_THROW(InvalidArgument, "Job::run: {}",
-                impl_->ran ? "a job runs once" : "the job was asked for --help");
-  if (!steps.train) SINEW_THROW(InvalidArgument, "Job::run: no training step was given");
-  impl_->ran = true;
+bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps) {
+  if (!impl_->group || impl_->session)
+    SINEW_THROW(InvalidArgument, "Job: {}",
+                impl_->session ? "a job trains once" : "the job was asked for --help");
+  impl_->work = &work;
+  impl_->steps = steps;
   train::SessionParts parts;
   parts.train_size = train_size;
   // --algorithm auto weighs communication against one step's computation: the caller's step on this rank's
   // batch size of the first samples, median of 3, the hooks disarmed (nothing is reduced or kept).
-  parts.compute_ms = [this, &work, &steps, train_size] {
-    std::vector<std::size_t> idx(std::min<std::size_t>(impl_->cfg.batch_size, train_size));
-    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    std::vector<double> ms;
-    for (int i = 0; i < 3; ++i) {
-      work.begin_micro_batch(0, 2, idx.size(), idx.size());  // not the last micro-batch: no reports
-      const auto t = std::chrono::steady_clock::now();
-      (void)steps.train(idx);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
-    }
-    work.begin_micro_batch(0, 2, 0, 1);  // zero gradients again
-    work.disarm();
-    std::sort(ms.begin(), ms.end());
-    return ms[1];
-  };
+  if (steps.train)
+    parts.compute_ms = [this, train_size] {
+      TorchWorkload& w = *impl_->work;
+      std::vector<std::size_t> idx(std::min<std::size_t>(impl_->cfg.batch_size, train_size));
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::vector<double> ms;
+      for (int i = 0; i < 3; ++i) {
+        w.begin_micro_batch(0, 2, idx.size(), idx.size());  // not the last micro-batch: no reports
+        const auto t = std::chrono::steady_clock::now();
+        (void)impl_->steps.train(idx);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+      }
+      w.begin_micro_batch(0, 2, 0, 1);  // zero gradients again
+      w.disarm();
+      std::sort(ms.begin(), ms.end());
+      return ms[1];
+    };
   impl_->session =
       std::make_unique<train::Session>(impl_->cfg, std::move(*impl_->group), work, std::move(parts));
   impl_->group.reset();
   train::Session& s = *impl_->session;
   work.set_ready([&s](Slice r) { s.grad_ready(r); });
   work.set_first_ready([&s] { s.fault(fault::Point::kBackward); });
-  if (!s.start()) return s.finish();  // a hot spare, dismissed at the end
-  for (;;) {
-    try {
-      for (train::Next n = s.next(); n != train::Next::kDone; n = s.next()) {
-        if (n == train::Next::kEvaluate) {
-          const auto [first, last] = s.begin_evaluation(steps.evaluate ? steps.test_size : 0);
-          const workload::EvalSums sums =
-              steps.evaluate && last > first ? steps.evaluate(first, last) : workload::EvalSums{};
-          s.end_evaluation(sums, last - first);
-          continue;
-        }
-        const train::StepPlan& p = s.begin_step();
-        double loss = 0;
-        for (std::size_t j = 0; j < p.micro_batches; ++j) {
-          const auto indices = s.micro_batch(j);
-          work.begin_micro_batch(j, p.micro_batches, indices.size(), p.total);
-          if (indices.empty()) {
-            work.skip_micro_batch();
-            continue;
-          }
-          // This rank's share of the step's mean loss.
-          loss += steps.train(indices) * static_cast<double>(indices.size()) / static_cast<double>(p.total);
-        }
-        work.disarm();
-        s.end_step(loss);
-        if (s.boundary() != train::After::kContinue) break;
+  impl_->done = !s.start();  // a hot spare waits here; false: dismissed at the end
+  return !impl_->done;
+}
+
+std::optional<MicroBatch> Job::next(double loss) {
+  train::Session* s = impl_->session.get();
+  if (s == nullptr) SINEW_THROW(InvalidArgument, "Job::next before Job::start");
+  Impl& m = *impl_;
+  TorchWorkload& work = *m.work;
+  if (m.computing) {  // the micro-batch handed out last: this rank's share of the step's mean loss
+    m.step_loss += loss * static_cast<double>(m.samples) / static_cast<double>(m.plan.total);
+    m.computing = false;
+    ++m.j;
+  }
+  while (!m.done) {
+    if (m.in_step && m.j < m.plan.micro_batches) {
+      const auto indices = s->micro_batch(m.j);
+      work.begin_micro_batch(m.j, m.plan.micro_batches, indices.size(), m.plan.total);
+      if (indices.empty()) {
+        work.skip_micro_batch();
+        ++m.j;
+        continue;
       }
-      break;
-    } catch (const CommFailure& e) {
-      s.recover(e);
+      m.computing = true;
+      m.samples = indices.size();
+      return MicroBatch{indices, m.j, m.plan.micro_batches, m.plan.step, m.plan.epoch};
+    }
+    if (m.in_step) {
+      m.in_step = false;
+      work.disarm();
+      s->end_step(m.step_loss);
+      if (s->boundary() != train::After::kContinue) m.done = true;
+      continue;
+    }
+    const train::Next n = s->next();
+    if (n == train::Next::kDone) {
+      m.done = true;
+    } else if (n == train::Next::kEvaluate) {
+      const auto& ev = m.steps.evaluate;
+      const auto [first, last] = s->begin_evaluation(ev ? m.steps.test_size : 0);
+      const workload::EvalSums sums = ev && last > first ? ev(first, last) : workload::EvalSums{};
+      s->end_evaluation(sums, last - first);
+    } else {
+      m.plan = s->begin_step();
+      m.in_step = true;
+      m.j = 0;
+      m.step_loss = 0;
     }
   }
-  work.set_ready({});
-  work.set_first_ready({});
-  return s.finish();
+  return std::nullopt;
+}
+
+void Job::recover(const CommFailure& e) {
+  if (!impl_->session) throw e;
+  impl_->in_step = false;  // the lost step is planned again
+  impl_->computing = false;
+  impl_->work->disarm();
+  impl_->session->recover(e);
+}
+
+train::Summary Job::finish() {
+  if (!impl_->session) SINEW_THROW(InvalidArgument, "Job::finish before Job::start");
+  impl_->work->set_ready({});
+  impl_->work->set_first_ready({});
+  return impl_->session->finish();
+}
+
+train::Summary Job::run(TorchWorkload& work, std::size_t train_size, const Steps& steps) {
+  if (!steps.train) SINEW_THROW(InvalidArgument, "Job::run: no training step was given");
+  if (!start(work, train_size, steps)) return finish();
+  double loss = 0;
+  for (;;) {
+    try {
+      const auto batch = next(loss);
+      if (!batch) break;
+      loss = steps.train(batch->indices);
+    } catch (const CommFailure& e) {
+      recover(e);
+      loss = 0;
+    }
+  }
+  return finish();
 }
 
 int Job::exit(int code) {

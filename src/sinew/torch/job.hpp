@@ -19,10 +19,12 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "sinew/core/error.hpp"
 #include "sinew/data/dataset.hpp"
 #include "sinew/optim/optimizer.hpp"
 #include "sinew/train/config.hpp"
@@ -46,6 +48,13 @@ struct Steps {
   std::function<workload::EvalSums(std::size_t first, std::size_t last)> evaluate;
   /// Samples in the test set.
   std::size_t test_size = 0;
+};
+
+/// A micro-batch to compute: this rank's samples of it, and where it is.
+struct MicroBatch {
+  std::span<const std::size_t> indices;  ///< never empty; valid until the next call
+  std::size_t index = 0, count = 1;      ///< micro-batch `index` of the step's `count` (--global-batch)
+  std::int64_t step = 0, epoch = 0;      ///< the step being trained (1-based) and its epoch
 };
 
 class Job {
@@ -75,8 +84,23 @@ class Job {
   [[nodiscard]] int size() const;
 
   /// Trains `work` over a training set of `train_size` samples until the session is done (the loop of
-  /// train/session.hpp, recovering in place from every rank failure) and returns the summary. Once.
+  /// train/session.hpp, recovering in place from every rank failure) and returns the summary. Once. It is
+  /// start(), then next() and steps.train until next() says done, recover() on a CommFailure, finish().
   train::Summary run(TorchWorkload& work, std::size_t train_size, const Steps& steps);
+
+  // ---- the same loop, driven by the caller (the Python package's ElasticSampler) -----------------------
+  /// Builds the session over `work` (which must outlive the job; `steps.train`, if given, is used only for
+  /// --algorithm auto's measure, which is refused without it; steps.evaluate when an epoch ends). A hot spare waits here until it is promoted
+  /// (true) or the run ends (false: call finish()).
+  bool start(TorchWorkload& work, std::size_t train_size, const Steps& steps);
+  /// The next micro-batch to compute, or nothing when the run is over. `loss` is the mean loss over the
+  /// micro-batch the previous call returned (ignored after a recovery). Ends steps (the reduction, the
+  /// update, the boundary) and evaluates as needed. May throw CommFailure: call recover(), then next().
+  std::optional<MicroBatch> next(double loss);
+  /// In place after a CommFailure out of next() or the caller's computation; the lost step is redone.
+  void recover(const CommFailure& e);
+  /// The end (the idle spares dismissed, the done event); the summary.
+  train::Summary finish();
   /// The session while run() runs (e.g. for its step()).
   [[nodiscard]] train::Session* session() noexcept;
 
