@@ -3,11 +3,13 @@
 # munged, slurmctld, and one slurmd on each of two hosts of the shaped test bed), and checked with sacct,
 # the job's output, its metrics and the exactly-once audit.
 #
-# Usage: slurm_jobs.sh SCENARIO WORKDIR SINEW_TRAIN
+# Usage: slurm_jobs.sh SCENARIO WORKDIR SINEW_TRAIN (a program, or a command line of words)
 #   complete     sinew-inplace.sbatch: a 4-rank job on 2 hosts finishes; its MPI traffic crossed the link
 #   inplace-kill sinew-inplace.sbatch with a hot spare: a rank killed at step 40 is replaced in place
 #   restart-kill sinew-restart.sbatch: a killed task ends the srun step; sinew-supervise launches a new
 #                step that resumes from the checkpoint
+#   torch-restart-kill  the same with a PyTorch script through the sinew package (SINEW_TRAIN is then
+#                "PYTHON tests/torch/train_job.py --model mlp --"; PYTHONPATH names the package)
 #   preempt      sinew-preemptible.sbatch: `scancel --batch --signal=USR1` at step 40: checkpoint, exit 75,
 #                requeue; the requeued run (SLURM_RESTART_COUNT=1) resumes and finishes, appends to the
 #                metrics, does not fire the injected fault again, and the audit holds across the requeue
@@ -32,7 +34,7 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "SKIP $scenario: the local Slurm cluster needs root (network namespaces, daemons)"
   exit 77
 fi
-case $scenario in complete | inplace-kill | restart-kill | preempt) ;; *) echo "unknown scenario '$scenario'" >&2; exit 2 ;; esac
+case $scenario in complete | inplace-kill | restart-kill | torch-restart-kill | preempt) ;; *) echo "unknown scenario '$scenario'" >&2; exit 2 ;; esac
 
 mkdir -p "$workdir"
 d=$(mktemp -d -p "$workdir")
@@ -116,7 +118,7 @@ EOF
     grep -q '"promoted":1' "$m" || fail "the failed rank was not replaced by the hot spare"
     [ "$(count_events "$job" start)" -eq 1 ] || fail "more than one start: the job was not recovered in place"
     ;;
-  restart-kill)
+  restart-kill | torch-restart-kill)
     job=$(submit sinew-restart.sbatch "${common[@]}" --checkpoint-every 20 --timeout-ms 30000 \
       --inject-fault 2:allreduce:50) || { echo "FAIL: sbatch refused the job"; exit 1; }
     wait_job "$job"
