@@ -104,20 +104,21 @@ PYBIND11_MODULE(_core, m) {
   static const py::handle error = py::exception<Error>(m, "Error").release();
   // A rank failure: the Python layer calls Job.recover(), which recovers from the failure kept here.
   static const py::handle comm_failure = py::exception<CommFailure>(m, "CommFailure", error).release();
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const CommFailure& e) {
-      last_failure() = p;
-      py::object exc = py::reinterpret_borrow<py::object>(comm_failure)(e.what());
-      exc.attr("exit_code") = static_cast<int>(e.exit_code());
-      PyErr_SetObject(comm_failure.ptr(), exc.ptr());
-    } catch (const Error& e) {
-      py::object exc = py::reinterpret_borrow<py::object>(error)(e.what());
-      exc.attr("exit_code") = static_cast<int>(e.exit_code());
-      PyErr_SetObject(error.ptr(), exc.ptr());
-    }
-  });
+  py::register_exception_translator(
+      [](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param): pybind11's signature
+        try {
+          if (p) std::rethrow_exception(p);
+        } catch (const CommFailure& e) {
+          last_failure() = p;
+          py::object exc = py::reinterpret_borrow<py::object>(comm_failure)(e.what());
+          exc.attr("exit_code") = static_cast<int>(e.exit_code());
+          PyErr_SetObject(comm_failure.ptr(), exc.ptr());
+        } catch (const Error& e) {
+          py::object exc = py::reinterpret_borrow<py::object>(error)(e.what());
+          exc.attr("exit_code") = static_cast<int>(e.exit_code());
+          PyErr_SetObject(error.ptr(), exc.ptr());
+        }
+      });
 
   py::class_<pytorch::TorchWorkload>(m, "Workload")
       .def(py::init([](const std::vector<std::pair<std::string, at::Tensor>>& params,
@@ -156,8 +157,8 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "run",
           [](pytorch::Job& job, pytorch::TorchWorkload& work, std::size_t train_size,
-             std::function<double(std::vector<std::size_t>)> train,
-             std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)> evaluate,
+             const std::function<double(std::vector<std::size_t>)>& train,
+             const std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)>& evaluate,
              std::size_t test_size) {
             const pytorch::Steps steps = steps_of(train, evaluate, test_size);
             train::Summary s;
@@ -172,8 +173,8 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "start",
           [](pytorch::Job& job, pytorch::TorchWorkload& work, std::size_t train_size,
-             std::function<double(std::vector<std::size_t>)> train,
-             std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)> evaluate,
+             const std::function<double(std::vector<std::size_t>)>& train,
+             const std::function<std::pair<double, std::size_t>(std::size_t, std::size_t)>& evaluate,
              std::size_t test_size) {
             // Kept by the job for its life (--algorithm auto's measure, the evaluation).
             const pytorch::Steps steps = steps_of(train, evaluate, test_size);

@@ -80,7 +80,7 @@ Job::Job(const std::vector<std::string>& options, std::vector<std::string> comma
   } catch (const membership::JoinFailed& e) {
     std::fprintf(stderr, "[sinew] spawned process: %s; leaving (exit code 0)\n", e.message().c_str());
     impl_->env->finalize(0, kFinalizeBound);
-    std::exit(0);
+    std::exit(0);  // NOLINT(concurrency-mt-unsafe): no thread of Sinew's runs yet in a process never a member
   }
   join_deadline.joined();
   auto& group = *impl_->group;

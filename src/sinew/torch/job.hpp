@@ -90,8 +90,8 @@ class Job {
 
   // ---- the same loop, driven by the caller (the Python package's ElasticSampler) -----------------------
   /// Builds the session over `work` (which must outlive the job; `steps.train`, if given, is used only for
-  /// --algorithm auto's measure, which is refused without it; steps.evaluate when an epoch ends). A hot spare waits here until it is promoted
-  /// (true) or the run ends (false: call finish()).
+  /// --algorithm auto's measure, which is refused without it; steps.evaluate when an epoch ends). A hot spare
+  /// waits here until it is promoted (true) or the run ends (false: call finish()).
   bool start(TorchWorkload& work, std::size_t train_size, const Steps& steps);
   /// The next micro-batch to compute, or nothing when the run is over. `loss` is the mean loss over the
   /// micro-batch the previous call returned (ignored after a recovery). Ends steps (the reduction, the

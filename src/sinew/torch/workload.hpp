@@ -67,6 +67,10 @@ class TorchWorkload final : public workload::Workload {
   static std::unique_ptr<TorchWorkload> of(torch::nn::Module& module,
                                            const optim::OptimizerOptions& optimizer,
                                            std::string model = "a torch::nn::Module");
+  TorchWorkload(const TorchWorkload&) = delete;  // the hooks and the tensors' storage point at it
+  TorchWorkload& operator=(const TorchWorkload&) = delete;
+  TorchWorkload(TorchWorkload&&) = delete;
+  TorchWorkload& operator=(TorchWorkload&&) = delete;
   ~TorchWorkload() override;
 
   // ---- workload::Workload ---------------------------------------------------------------------------
