@@ -13,6 +13,7 @@
 #   checkpoint         written on 4 ranks, resumed on 3, read by key with h5py, exported for torch.load
 #   algorithms         every --algorithm on a torch model: within 1 point of ring's accuracy
 #   torch-optimizer    torch.optim.SGD equals Sinew's SGD; torch.optim.Adam's state survives a kill
+#   restart-debian     restart mode (sinew-supervise) under Debian's Open MPI 4.1, a rank killed
 #   pip-install        pip install from the source tree without a network; a job from the installed copy
 #   bad-input          different models on the ranks, a float64 model, another model's checkpoint
 # Exit codes: 0 passed, 1 failed.
@@ -199,6 +200,21 @@ for k in ref["optim"]:
     print(f"optim/{k}: {a.numel()} elements, largest relative difference {worst:.1e}")
     assert worst <= 1e-3, k
 PY
+    ;;
+  restart-debian)
+    # Restart mode under Debian's Open MPI 4.1 (no ULFM), the package built against it (mpi_scripts/test.sh
+    # builds it in ompi4/): a rank killed, sinew-supervise relaunches on the 3 surviving slots from the
+    # newest checkpoint, and the audit holds across the relaunch.
+    export SINEW_SKIP_ULFM=1 PYTHONPATH=$(dirname "$PYTHONPATH")/ompi4/python
+    ls "$PYTHONPATH"/sinew/_core*.so >/dev/null 2>&1 || fail "$PYTHONPATH has no sinew package (mpi_scripts/test.sh builds it)"
+    timeout -k 5 200 "$root/mpi_scripts/sinew-supervise" -n 4 --events "$d/supervise.jsonl" -- "$python" "$job" \
+      --model cnn -- "${common[@]}" "${std[@]}" --elastic restart --inject-fault 2:allreduce:20 \
+      --checkpoint-dir "$d/ckpt" --checkpoint-every 10 --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" \
+      >"$d/out.txt" 2>&1 || fail "exit $?"
+    grep -q '"generation":1' "$d/supervise.jsonl" || fail "no relaunch happened"
+    grep -q "Open MPI v4" "$d/out.txt" || grep -q "Open MPI v4" "$d/metrics.jsonl" || fail "not Debian's Open MPI 4"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --event resume --final-world-size 3 || fail "metrics"
+    audit || fail "audit"
     ;;
   pip-install)
     # pip from the source tree, no network and no index; then a 2-rank job with a kill from the installed copy.
