@@ -28,19 +28,7 @@ echo "[sinew] mpirun -n $ranks python3 examples/torch/train_resnet.py ${args[*]}
   "$here/../examples/torch/train_resnet.py" "${args[@]}" &
 job=$!
 if [ "${SINEW_KILL:-1}" = 1 ]; then
-  # Wait for step 500 of ~1400, then kill -9 the rank started as rank 2.
-  for _ in $(seq 4800); do
-    step=$(grep -o '"step":[0-9]*' "$metrics" 2>/dev/null | tail -n 1 | cut -d: -f2 || true)
-    [ "${step:-0}" -ge 500 ] && break
-    kill -0 $job 2>/dev/null || break
-    sleep 0.25
-  done
-  for p in $(pgrep -f -- "--audit-dir $audit" || true); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
-      echo "[sinew] kill -9 $p (rank 2) at step ${step:-?}"
-      kill -9 "$p"
-    fi
-  done
+  bash "$here/kill-at-step.sh" "$metrics" 500 "--audit-dir $audit" $job  # step 500 of ~1400
 fi
 rc=0
 wait $job || rc=$?

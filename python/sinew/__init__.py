@@ -62,6 +62,21 @@ class Model:
     def describe(self):
         return self._work.describe()
 
+    def _evaluator(self, evaluate):
+        """The user's evaluate(first, last) as Sinew calls it: the module in eval mode, without gradients."""
+        if evaluate is None:
+            return None
+
+        def ev(first, last):
+            self.module.eval()
+            try:
+                with torch.no_grad():
+                    loss, correct = evaluate(first, last)
+            finally:
+                self.module.train()
+            return float(loss), int(correct)
+        return ev
+
     @property
     def flat_params(self):
         """All parameters as one float32 tensor (the memory the module's parameters are views of)."""
@@ -243,20 +258,9 @@ class Job:
         def train(indices):
             return float(train_step(indices))
 
-        ev = None
-        if evaluate is not None:
-            def ev(first, last):
-                model.module.eval()
-                try:
-                    with torch.no_grad():
-                        loss, correct = evaluate(first, last)
-                finally:
-                    model.module.train()
-                return float(loss), int(correct)
-
         model.module.train()
         try:
-            return self._job.run(model._work, int(train_size), train, ev, int(test_size))
+            return self._job.run(model._work, int(train_size), train, model._evaluator(evaluate), int(test_size))
         except Error as e:
             self._fail(e)
 

@@ -30,16 +30,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.step = 0
         self.micro_batch = 0
 
-        ev = None
-        if evaluate is not None:
-            def ev(first, last):
-                model.module.eval()
-                try:
-                    with torch.no_grad():
-                        loss, correct = evaluate(first, last)
-                finally:
-                    model.module.train()
-                return float(loss), int(correct)
+        ev = model._evaluator(evaluate)
         model.module.train()
         try:
             # No step function here: --algorithm auto, which measures one, is refused with a clear message.
