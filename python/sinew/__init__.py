@@ -163,8 +163,17 @@ def _adopt(opt, work, named_params):
             g["lr"] = lr
         opt.step()
 
+    def relayout():
+        # Sinew moved the parameters within the flat buffer (backward's order, found before training) and
+        # each state tensor's values with them: the per-parameter views follow.
+        base = flat.data_ptr()
+        for k, buf in state:
+            for n, p in named_params:
+                at = (p.data_ptr() - base) // flat.element_size()
+                opt.state[p][k] = buf[at:at + p.numel()].view_as(p)
+
     set_steps(0)  # the initialising step above did not happen
-    work.use_optimizer(type(opt).__name__, state, step, steps, set_steps)
+    work.use_optimizer(type(opt).__name__, state, step, steps, set_steps, relayout)
 
 
 class State:
@@ -269,7 +278,7 @@ class Job:
         print(f"[sinew] rank {self.rank}: {e}", file=sys.stderr)
         self.exit(getattr(e, "exit_code", 1))
 
-    def state(self, model, train_size, evaluate=None, test_size=0):
+    def state(self, model, train_size, evaluate=None, test_size=0, probe=None):
         """The Horovod-style elastic state of this job's training: model, optimiser, sampler, epoch, step.
 
             state = job.state(model, len(train_x), evaluate, len(test_x))
@@ -285,9 +294,15 @@ class Job:
 
         When a rank dies, the exception leaves train(); job.elastic recovers in place (the state comes
         from the survivors' memory) and calls train(state) again, which goes on at the lost step.
+
+        probe(indices), optional: forward and one backward() of the training samples `indices`, returning
+        the loss (what train_step does in Job.run). Sinew runs it once before training to learn the order in
+        which backward produces the gradients (the buckets follow it, as DDP's do after its first
+        iteration), and for --algorithm auto's measure of a step. Without it the buckets follow the
+        module's order reversed.
         """
         from .data import ElasticSampler
-        sampler = ElasticSampler(self, model, train_size, evaluate, test_size)
+        sampler = ElasticSampler(self, model, train_size, evaluate, test_size, probe)
         return State(model, sampler)
 
     def elastic(self, fn):

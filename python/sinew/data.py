@@ -22,7 +22,7 @@ class ElasticSampler(torch.utils.data.Sampler):
     recovers and iterates again from the lost step).
     """
 
-    def __init__(self, job, model, train_size, evaluate=None, test_size=0):
+    def __init__(self, job, model, train_size, evaluate=None, test_size=0, probe=None):
         self._job = job
         self._model = model
         self._loss = 0.0
@@ -32,9 +32,15 @@ class ElasticSampler(torch.utils.data.Sampler):
 
         ev = model._evaluator(evaluate)
         model.module.train()
+        train = None
+        if probe is not None:
+            def train(indices):
+                return float(probe(indices))
         try:
-            # No step function here: --algorithm auto, which measures one, is refused with a clear message.
-            self._active = job._job.start(model._work, int(train_size), None, ev, int(test_size))
+            # With a probe (forward and backward of some samples), the buckets follow backward's order and
+            # --algorithm auto can measure a step; without one, the module's order reversed is the bucket
+            # order and auto is refused with a clear message.
+            self._active = job._job.start(model._work, int(train_size), train, ev, int(test_size))
         except _core.Error as e:
             job._fail(e)
 

@@ -136,12 +136,14 @@ PYBIND11_MODULE(_core, m) {
           "use_optimizer",
           [](pytorch::TorchWorkload& w, std::string name,
              const std::vector<std::pair<std::string, at::Tensor>>& state, std::function<void(float)> step,
-             std::function<std::int64_t()> steps, std::function<void(std::int64_t)> set_steps) {
+             std::function<std::int64_t()> steps, std::function<void(std::int64_t)> set_steps,
+             std::function<void()> relayout) {
             // The functions run Python: pybind11's function wrapper takes the GIL for each call.
-            w.use_optimizer(
-                {std::move(name), named(state), std::move(step), std::move(steps), std::move(set_steps)});
+            w.use_optimizer({std::move(name), named(state), std::move(step), std::move(steps),
+                             std::move(set_steps), std::move(relayout)});
           },
-          py::arg("name"), py::arg("state"), py::arg("step"), py::arg("steps"), py::arg("set_steps"));
+          py::arg("name"), py::arg("state"), py::arg("step"), py::arg("steps"), py::arg("set_steps"),
+          py::arg("relayout") = py::none());
 
   py::class_<pytorch::Job>(m, "Job")
       .def(py::init<const std::vector<std::string>&, std::vector<std::string>>(), py::arg("options"),

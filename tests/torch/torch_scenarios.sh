@@ -52,13 +52,15 @@ fail() {
   exit 1
 }
 
-# compare A B TOLERANCE: two saved flat parameter tensors, largest relative difference.
+# compare A B TOLERANCE: two saved parameter dicts (by name), largest relative difference.
 compare() {
   "$python" - "$1" "$2" "$3" <<'PY'
 import sys, torch
 a, b, tol = torch.load(sys.argv[1]), torch.load(sys.argv[2]), float(sys.argv[3])
-assert a.shape == b.shape, f"{list(b.shape)} parameters, the reference has {list(a.shape)}"
-worst = ((a - b).abs() / (1 + a.abs())).max().item()
+assert a.keys() == b.keys(), f"parameters {sorted(b)}, the reference has {sorted(a)}"
+for k in a:
+    assert a[k].shape == b[k].shape, f"{k}: {list(b[k].shape)}, the reference's {list(a[k].shape)}"
+worst = max(((a[k] - b[k]).abs() / (1 + a[k].abs())).max().item() for k in a)
 print(f"final parameters: largest relative difference {worst:.2e} (tolerance {tol:g})")
 sys.exit(0 if worst <= tol else "FAIL: the parameters differ")
 PY
@@ -98,7 +100,7 @@ case "$scenario" in
   sampler-api)
     # The Horovod-style loop (job.state, @job.elastic, sinew.data.ElasticSampler) instead of job.run: a kill
     # in backward is recovered in place and the result is job.run's failure-free one.
-    run 4 180 --model cnn --api sampler --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" \
+    run 4 180 --model cnn --api sampler-probe --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" \
       --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --inject-fault "2:backward:20" || fail "exit $?"
     python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered --final-world-size 4 \
       || fail "metrics"
@@ -116,9 +118,21 @@ case "$scenario" in
     ;;
   checkpoint)
     # 4 ranks stop after 40 of 48 steps (checkpoints every 10); 3 ranks resume from the newest and finish.
-    run 4 180 --model cnn -- "${common[@]}" --limit-train $train_size --epochs 3 --batch-size 16 --lr 0.05 --max-steps 40 \
+    # The 4 ranks use the sampler loop without a probe (flat buffers in the module's order), the later runs
+    # job.run (backward's order): the checkpoint is read tensor by tensor into the other layout, which
+    # 2 ranks that resume and stop at once show: the same test accuracy at step 40.
+    acc() { sed -n 's/.*done: .* test accuracy \([0-9.]*\)%.*/\1/p' "$d/out.txt" | tail -n 1; }
+    run 4 180 --model cnn --api sampler -- "${common[@]}" --limit-train $train_size --epochs 3 --batch-size 16 --lr 0.05 --max-steps 40 \
       --checkpoint-dir "$d/ckpt" --checkpoint-every 10 \
       || fail "4 ranks: exit $?"
+    at40=$(acc)
+    run 2 180 --model cnn -- "${common[@]}" --limit-train $train_size --epochs 3 --batch-size 16 --lr 0.05 --max-steps 40 \
+      --checkpoint-dir "$d/ckpt" --checkpoint-every 1000 --resume auto \
+      || fail "2 ranks, resumed in the other layout: exit $?"
+    grep -q "bucket order: backward's" "$d/out.txt" || fail "job.run did not probe the bucket order"
+    [ -n "$at40" ] && [ "$(acc)" = "$at40" ] \
+      || fail "step 40 resumed in the other layout: test accuracy $(acc) %, the 4 ranks had $at40 %"
+    echo "step 40: $at40 % when written (module's order) and when read into backward's order"
     run 3 180 --model cnn -- "${common[@]}" --limit-train $train_size --epochs 3 --batch-size 16 --lr 0.05 \
       --checkpoint-dir "$d/ckpt" --checkpoint-every 1000 --resume auto \
       || fail "3 ranks: exit $?"

@@ -4,7 +4,7 @@
     python3 train_job.py [--model mlp|cnn|resnet18] [--params-out FILE] [--threads N] -- [sinew options]
 
 Models: "mlp" (no BatchNorm: the equivalence test), "cnn" (convolutions with BatchNorm), "resnet18"
-(torchvision's, with a 1-channel stem). --params-out: rank 0 writes the final flat parameters there (.pt).
+(torchvision's, with a 1-channel stem). --params-out: rank 0 writes the final parameters there (.pt, a dict by name).
 """
 import argparse
 import sys
@@ -42,7 +42,8 @@ def main():
     p.add_argument("--double", action="store_true", help="the model in float64 (refused)")
     p.add_argument("--torch-optimizer", default="", help="sgd | adam: a torch.optim optimiser instead of Sinew's")
     p.add_argument("--api", default="run", help="run (job.run with a step function) | sampler (Horovod style: "
-                   "job.state, job.elastic, sinew.data.ElasticSampler)")
+                   "job.state, job.elastic, sinew.data.ElasticSampler) | sampler-probe (the same, with the "
+                   "step as the probe of backward's order)")
     args, sinew_options = p.parse_known_args()
     if sinew_options and sinew_options[0] == "--":
         sinew_options = sinew_options[1:]
@@ -78,8 +79,9 @@ def main():
         y = test_y[first:last]
         return F.cross_entropy(out, y, reduction="sum").item(), int((out.argmax(1) == y).sum())
 
-    if args.api == "sampler":
-        state = job.state(model, len(train_x), evaluate, len(test_x))
+    if args.api in ("sampler", "sampler-probe"):
+        probe = train_step if args.api == "sampler-probe" else None
+        state = job.state(model, len(train_x), evaluate, len(test_x), probe=probe)
 
         @job.elastic
         def train(state):
@@ -93,7 +95,8 @@ def main():
         print(f"[train_job] done: {summary['steps']} steps, test accuracy {100 * summary['test_accuracy']:.2f}%, "
               f"{summary['failures']} failures, world {summary['world_size']}", flush=True)
         if args.params_out:
-            torch.save(model.flat_params.clone(), args.params_out)
+            # By name: the flat layout follows backward's order where it was probed, the module's elsewhere.
+            torch.save({k: v.detach().clone() for k, v in net.named_parameters()}, args.params_out)
     job.exit(summary["exit_code"])
 
 

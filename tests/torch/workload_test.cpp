@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "sinew/core/error.hpp"
@@ -166,4 +168,101 @@ TEST(TorchWorkload, TwoBackwardPassesInOneMicroBatchAreAnError) {
   torch::nn::functional::cross_entropy(net->forward(x), torch::tensor({0, 1, 0, 1})).backward();
   EXPECT_THROW(torch::nn::functional::cross_entropy(net->forward(x), torch::tensor({0, 1, 0, 1})).backward(),
                std::exception);
+}
+
+namespace {
+
+/// Registers its layers out of forward's order (as a transformer layer registers its norms after its
+/// linear layers): the module's order reversed is not backward's.
+struct SwappedImpl : torch::nn::Module {
+  SwappedImpl()
+      : out(register_module("out", torch::nn::Linear(3, 2))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(3))),
+        hidden(register_module("hidden", torch::nn::Linear(4, 3))),
+        unused(register_module("unused", torch::nn::Linear(2, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return out(torch::relu(norm(hidden(x)))); }
+  torch::nn::Linear out;
+  torch::nn::BatchNorm1d norm;
+  torch::nn::Linear hidden, unused;
+};
+TORCH_MODULE(Swapped);
+
+}  // namespace
+
+TEST(TorchWorkload, ProbedReadyOrderLaysTheBuffersOutInBackwardsOrder) {
+  torch::manual_seed(3);
+  Swapped net;
+  sinew::optim::OptimizerOptions momentum;  // sgd with momentum: a state buffer that must move too
+  auto work = TorchWorkload::of(*net, momentum, "swapped");
+  std::map<std::string, torch::Tensor> values, state;
+  const auto mom = work->optimizer_state().at(0).second;
+  for (std::size_t i = 0; i < mom.size(); ++i) mom[i] = static_cast<float>(i);  // a distinct value each
+  for (const auto& v : work->views()) {
+    values[v.name] = net->named_parameters()[v.name].detach().clone();
+    state[v.name] = torch::arange(static_cast<double>(v.offset), static_cast<double>(v.offset + v.count()));
+  }
+  const auto statistics = net->norm->running_mean.clone();
+  const auto x = torch::randn({8, 4});
+  const auto y = torch::tensor({0, 1, 1, 0, 1, 0, 0, 1});
+  const std::size_t moved =
+      work->probe_ready_order([&] { torch::nn::functional::cross_entropy(net->forward(x), y).backward(); });
+  EXPECT_GT(moved, 0u);
+  EXPECT_TRUE(torch::equal(net->norm->running_mean, statistics)) << "the probe is not training";
+  EXPECT_EQ(work->flat_grads().abs().sum().item<float>(), 0.f);
+  // Backward's order walks the buffer from its end, one contiguous range after the other; the parameter
+  // without a gradient comes last.
+  const auto order = work->ready_order();
+  ASSERT_EQ(order.size(), 8u);
+  EXPECT_EQ(order.front().end(), work->params().size());
+  for (std::size_t k = 1; k < order.size(); ++k) EXPECT_EQ(order[k].end(), order[k - 1].offset) << k;
+  const auto views = work->views();
+  EXPECT_EQ(views[0].name.substr(0, 7), "unused.");
+  EXPECT_EQ(views.back().name.substr(0, 4), "out.");
+  // Every parameter kept its value and its momentum, and is a view of its new range.
+  for (std::size_t k = 0; k < views.size(); ++k) {
+    const auto& v = views[k];
+    if (k > 0) {
+      EXPECT_EQ(views[k - 1].offset + views[k - 1].count(), v.offset) << "views in flat order";
+    }
+    const auto p = net->named_parameters()[v.name];
+    EXPECT_EQ(p.data_ptr<float>(), work->params().data() + v.offset) << v.name;
+    EXPECT_TRUE(torch::equal(p.detach(), values[v.name])) << v.name;
+    const auto m = torch::from_blob(mom.data() + v.offset, {static_cast<std::int64_t>(v.count())});
+    EXPECT_TRUE(torch::equal(m.to(torch::kDouble), state[v.name])) << v.name;
+  }
+  // A step reports the new ranges in the new order, and autograd accumulates into them.
+  std::vector<Slice> got;
+  work->set_ready([&](Slice r) { got.push_back(r); });
+  work->begin_micro_batch(0, 1, 8, 8);
+  torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+  EXPECT_EQ(std::vector<Slice>(got.begin(), got.end()), std::vector<Slice>(order.begin(), order.end() - 2));
+  const auto w = net->hidden->weight;
+  EXPECT_EQ(w.grad().data_ptr<float>(), work->grads().data() + (w.data_ptr<float>() - work->params().data()));
+  EXPECT_GT(w.grad().abs().sum().item<float>(), 0.f);
+  // A second probe finds the order it laid out: nothing moves.
+  EXPECT_EQ(
+      work->probe_ready_order([&] { torch::nn::functional::cross_entropy(net->forward(x), y).backward(); }),
+      0u);
+}
+
+TEST(TorchWorkload, ProbeKeepsTheLayoutUnderAnOptimizerThatCannotFollow) {
+  torch::manual_seed(3);
+  Swapped net;
+  auto work = TorchWorkload::of(*net, sgd(), "swapped");
+  const auto before = work->views();
+  sinew::pytorch::ExternalOptimizer o;
+  o.name = "theirs";
+  o.step = [](float) {};
+  o.steps = [] { return std::int64_t{0}; };
+  o.set_steps = [](std::int64_t) {};
+  work->use_optimizer(o);
+  const auto x = torch::randn({8, 4});
+  EXPECT_EQ(work->probe_ready_order([&] { net->forward(x).sum().backward(); }), 0u);
+  EXPECT_EQ(work->views()[0].name, before[0].name);
+  // With a relayout function it moves, and is told.
+  int told = 0;
+  o.relayout = [&] { ++told; };
+  work->use_optimizer(o);
+  EXPECT_GT(work->probe_ready_order([&] { net->forward(x).sum().backward(); }), 0u);
+  EXPECT_EQ(told, 1);
 }

@@ -114,13 +114,31 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
   impl_->steps = steps;
   train::SessionParts parts;
   parts.train_size = train_size;
+  const auto first_samples = [this, train_size] {
+    std::vector<std::size_t> idx(std::min<std::size_t>(impl_->cfg.batch_size, train_size));
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    return idx;
+  };
+  // The buckets follow backward's order: one pass on the first samples finds it (the same pass on every
+  // member, a replacement's too, so the layouts agree; the state sync's checksum covers the layout).
+  if (steps.train && train_size > 0) {
+    const auto t = std::chrono::steady_clock::now();
+    const std::vector<std::size_t> idx = first_samples();
+    const std::size_t moved = work.probe_ready_order([&] { (void)impl_->steps.train(idx); });
+    if (impl_->group->rank() == 0 && impl_->group->role() == membership::Role::kInitial) {
+      spdlog::info(
+          "bucket order: backward's, from one pass ({} of {} tensors moved from the module's order; "
+          "{:.0f} ms)",
+          moved, work.num_params(),
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+    }
+  }
   // --algorithm auto weighs communication against one step's computation: the caller's step on this rank's
   // batch size of the first samples, median of 3, the hooks disarmed (nothing is reduced or kept).
   if (steps.train)
-    parts.compute_ms = [this, train_size] {
+    parts.compute_ms = [this, first_samples] {
       TorchWorkload& w = *impl_->work;
-      std::vector<std::size_t> idx(std::min<std::size_t>(impl_->cfg.batch_size, train_size));
-      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      const std::vector<std::size_t> idx = first_samples();
       std::vector<double> ms;
       for (int i = 0; i < 3; ++i) {
         w.begin_micro_batch(0, 2, idx.size(), idx.size());  // not the last micro-batch: no reports

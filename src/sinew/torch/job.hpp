@@ -89,9 +89,11 @@ class Job {
   train::Summary run(TorchWorkload& work, std::size_t train_size, const Steps& steps);
 
   // ---- the same loop, driven by the caller (the Python package's ElasticSampler) -----------------------
-  /// Builds the session over `work` (which must outlive the job; `steps.train`, if given, is used only for
-  /// --algorithm auto's measure, which is refused without it; steps.evaluate when an epoch ends). A hot spare
-  /// waits here until it is promoted (true) or the run ends (false: call finish()).
+  /// Builds the session over `work` (which must outlive the job; steps.evaluate is called when an epoch
+  /// ends). `steps.train`, if given, is run once first, on the first --batch-size samples, to lay the flat
+  /// buffers out in backward's order (TorchWorkload::probe_ready_order: the buckets follow it), and for
+  /// --algorithm auto's measure, which is refused without it. A hot spare waits here until it is promoted
+  /// (true) or the run ends (false: call finish()).
   bool start(TorchWorkload& work, std::size_t train_size, const Steps& steps);
   /// The next micro-batch to compute, or nothing when the run is over. `loss` is the mean loss over the
   /// micro-batch the previous call returned (ignored after a recovery). Ends steps (the reduction, the

@@ -80,6 +80,15 @@ std::span<float> span_of(const at::Tensor& t) {
   return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
 }
 
+/// Moves range from[i] of `flat` to range to[i], for every i (a permutation of equal-sized ranges).
+void move_ranges(std::span<float> flat, const std::vector<Slice>& from, const std::vector<Slice>& to) {
+  const std::vector<float> old(flat.begin(), flat.end());
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    const auto src = from[i].of(std::span<const float>(old));
+    std::copy(src.begin(), src.end(), to[i].of(flat).begin());
+  }
+}
+
 }  // namespace
 
 TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
@@ -99,6 +108,7 @@ TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedT
     views_.push_back({params_[i].name, "params", slices_[i].offset, shape_of(params_[i].tensor), ""});
     torch::autograd::impl::set_post_acc_grad_hooks(params_[i].tensor, std::make_unique<ReadyHook>(*this, i));
   }
+  for (std::size_t i = params_.size(); i-- > 0;) order_.push_back(i);  // the module's order, reversed
   done_.assign(params_.size(), false);
   optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
   begin_micro_batch(0, 1, 0, 1);  // .grad of every parameter: its view, zero
@@ -130,8 +140,67 @@ std::string TorchWorkload::describe() const {
 }
 
 std::vector<Slice> TorchWorkload::ready_order() const {
-  // Backward finishes the output layers first: the module's order reversed.
-  return {slices_.rbegin(), slices_.rend()};
+  // The module's order reversed (backward finishes the output layers first), or the probed one.
+  std::vector<Slice> out;
+  out.reserve(order_.size());
+  for (const std::size_t i : order_) out.push_back(slices_[i]);
+  return out;
+}
+
+std::size_t TorchWorkload::probe_ready_order(const std::function<void()>& backward_pass) {
+  const at::Tensor statistics = flat_buffers_.clone();
+  begin_micro_batch(0, 2, 0, 1);  // zero gradients; not a step's last micro-batch: nothing is reported
+  probe_.clear();
+  probing_ = true;
+  try {
+    backward_pass();
+  } catch (...) {
+    probing_ = false;
+    flat_buffers_.copy_(statistics);
+    throw;
+  }
+  probing_ = false;
+  flat_buffers_.copy_(statistics);  // the pass is not training: BatchNorm's statistics stay as they were
+  begin_micro_batch(0, 2, 0, 1);
+  disarm();
+  // The order seen (a parameter once, at its first report), then those the pass left without a gradient.
+  std::vector<std::size_t> ready;
+  std::vector<bool> seen(params_.size(), false);
+  for (const std::size_t i : probe_) {
+    if (!seen[i]) ready.push_back(i);
+    seen[i] = true;
+  }
+  for (const std::size_t i : order_)
+    if (!seen[i]) ready.push_back(i);
+  if (ready == order_) return 0;
+  if (external_ && !external_->relayout) return 0;  // its views of the state would not follow
+  // Memory order: the ready order reversed, so that backward's order walks the buffer from its end.
+  std::vector<Slice> fresh(params_.size());
+  std::size_t offset = 0, moved = 0;
+  for (std::size_t k = ready.size(); k-- > 0;) {
+    const std::size_t i = ready[k];
+    fresh[i] = {offset, slices_[i].count};
+    offset += slices_[i].count;
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) moved += fresh[i].offset != slices_[i].offset ? 1 : 0;
+  move_ranges(params(), slices_, fresh);
+  for (const auto& [name, span] : optimizer_state()) move_ranges(span, slices_, fresh);
+  slices_ = std::move(fresh);
+  views_.clear();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    params_[i].tensor.set_data(flat_params_
+                                   .narrow(0, static_cast<std::int64_t>(slices_[i].offset),
+                                           static_cast<std::int64_t>(slices_[i].count))
+                                   .view(params_[i].tensor.sizes()));
+    views_.push_back({params_[i].name, "params", slices_[i].offset, shape_of(params_[i].tensor), ""});
+  }
+  std::sort(views_.begin(), views_.end(),
+            [](const TensorView& a, const TensorView& b) { return a.offset < b.offset; });
+  order_ = std::move(ready);
+  begin_micro_batch(0, 2, 0, 1);  // every .grad a view of its new range
+  disarm();
+  if (external_) external_->relayout();
+  return moved;
 }
 
 std::span<float> TorchWorkload::params() { return span_of(flat_params_); }
@@ -246,6 +315,7 @@ void TorchWorkload::on_grad(std::size_t i, const at::Tensor& param) {
         .narrow(0, static_cast<std::int64_t>(slices_[i].offset), static_cast<std::int64_t>(slices_[i].count))
         .copy_(g.reshape({-1}));
   }
+  if (probing_) probe_.push_back(i);
   if (!armed_) return;
   if (done_[i]) {
     SINEW_THROW(

@@ -6,6 +6,13 @@
 //   flat grads    the same layout; autograd accumulates into it in place
 //   ready order   the reverse: backward finishes the last layer first
 //
+// The module's order is a guess at backward's: a transformer layer registers norm1 before linear1 and
+// linear2, but its backward finishes linear2, linear1, then norm1. Before training, probe_ready_order() runs
+// one backward pass, records the order in which the hooks fire, and lays the flat buffers out in its
+// reverse, so that every bucket is one contiguous range that is complete as early as backward allows (what
+// DDP does when it rebuilds its buckets after the first iteration). Job does this before the session
+// starts, on every rank and every replacement alike (autograd's order is a function of the graph).
+//
 // A post-accumulate-grad hook on every parameter reports its range as final (workload::ReadyFn, the
 // session's grad_ready) in the step's last micro-batch, after scaling it to this rank's share of the
 // step's mean: users write the usual loss (the mean over their micro-batch) and Sinew makes the sum over
@@ -53,6 +60,10 @@ struct ExternalOptimizer {
   std::function<void(float lr)> step;   ///< one update from the gradients with learning rate lr
   std::function<std::int64_t()> steps;  ///< its step count (Adam's bias correction)
   std::function<void(std::int64_t)> set_steps;
+  /// After the layout changed (probe_ready_order): the state tensors hold the same values per parameter at
+  /// the parameters' new offsets; per-parameter views of them must be made again. Empty: such an optimiser
+  /// keeps the module's order (the layout is not changed under it).
+  std::function<void()> relayout;
 };
 
 class TorchWorkload final : public workload::Workload {
@@ -109,6 +120,15 @@ class TorchWorkload final : public workload::Workload {
   /// Parameters (and their ranges) that no hook reported in the last micro-batch: unused parameters.
   [[nodiscard]] std::vector<std::string> unreported() const;
 
+  // ---- the bucket order -------------------------------------------------------------------------------
+  /// Runs `backward_pass` (one forward and backward of the caller's, outside any step), records the order
+  /// in which the parameters' gradients become final, and lays the flat buffers out in its reverse (see the
+  /// top of this file). Values, gradients' ties and the optimiser's state move with their parameters; the
+  /// buffers (BatchNorm's statistics, which the pass updated) and the gradients are as before. Parameters
+  /// the pass left without a gradient come last in the ready order. Returns how many tensors moved; 0 with
+  /// an external optimiser that cannot follow (ExternalOptimizer::relayout empty).
+  std::size_t probe_ready_order(const std::function<void()>& backward_pass);
+
   /// The flat buffers as tensors (views of the same memory).
   [[nodiscard]] const at::Tensor& flat_params() const noexcept { return flat_params_; }
   [[nodiscard]] const at::Tensor& flat_grads() const noexcept { return flat_grads_; }
@@ -128,7 +148,10 @@ class TorchWorkload final : public workload::Workload {
   std::optional<ExternalOptimizer> external_;
   workload::ReadyFn ready_;
   std::function<void()> first_ready_;
-  std::vector<bool> done_;  // per parameter: reported in the current micro-batch
+  std::vector<std::size_t> order_;  // parameters in the order their gradients become final (ready order)
+  std::vector<std::size_t> probe_;  // the order the hooks fired in probe_ready_order()'s pass
+  std::vector<bool> done_;          // per parameter: reported in the current micro-batch
+  bool probing_ = false;            // probe_ready_order(): the hooks record the order
   std::size_t reported_ = 0;
   bool armed_ = false;  // the step's last micro-batch: hooks report
   float scale_ = 1;     // the current micro-batch's share of the step's mean: samples / total

@@ -85,6 +85,31 @@ checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Al
       if (t.name == name) return t.size;
     return std::nullopt;
   };
+  // Same sizes are not the same model: where the checkpoint names its tensors, each of the workload's must
+  // be there with its shape (checked before a byte is read, so nothing is overwritten). The same model in
+  // another layout (a PyTorch model's flat buffers follow backward's order, torch/workload.hpp, and a
+  // checkpoint may hold the module's) is read tensor by tensor into this run's places.
+  std::vector<std::pair<Slice, Slice>> moves;  // (range in the checkpoint, range here) per parameter tensor
+  bool relaid = false;
+  if (!st.views.empty()) {
+    for (const TensorView& v : work_.views()) {
+      const auto it = std::find_if(st.views.begin(), st.views.end(), [&](const TensorView& c) {
+        return c.tensor == v.tensor && c.name == v.name;
+      });
+      if (it == st.views.end()) {
+        SINEW_THROW(CheckpointError,
+                    "{} was written for another model: it has no tensor '{}' (this run trains {})", path,
+                    v.name, work_.describe());
+      }
+      if (it->shape != v.shape) {
+        SINEW_THROW(CheckpointError,
+                    "{} was written for another model: its tensor '{}' has shape [{}], this run's has [{}]",
+                    path, v.name, fmt::join(it->shape, ", "), fmt::join(v.shape, ", "));
+      }
+      moves.push_back({Slice{it->offset, v.count()}, Slice{v.offset, v.count()}});
+      if (it->offset != v.offset) relaid = true;
+    }
+  }
   // The replicated tensors are read straight into the model and the optimiser.
   std::vector<checkpoint::ReadTarget> targets;
   for (auto& [name, buf] : tensors()) {
@@ -99,27 +124,11 @@ checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Al
                   "--model or --optimizer?",
                   path, name, *size, buf.size());
     }
-    targets.push_back({name, 0, buf});
-  }
-  // Same sizes are not the same model: where the checkpoint names its tensors, each of the workload's must
-  // be there with its place and shape (checked before a byte is read, so nothing is overwritten).
-  if (!st.views.empty()) {
-    for (const TensorView& v : work_.views()) {
-      const auto it = std::find_if(st.views.begin(), st.views.end(), [&](const TensorView& c) {
-        return c.tensor == v.tensor && c.name == v.name;
-      });
-      if (it == st.views.end()) {
-        SINEW_THROW(CheckpointError,
-                    "{} was written for another model: it has no tensor '{}' (this run trains {})", path,
-                    v.name, work_.describe());
-      }
-      if (it->offset != v.offset || it->shape != v.shape) {
-        SINEW_THROW(
-            CheckpointError,
-            "{} was written for another model: its tensor '{}' has shape [{}] at offset {}, this run's "
-            "has [{}] at offset {}",
-            path, v.name, fmt::join(it->shape, ", "), it->offset, fmt::join(v.shape, ", "), v.offset);
-      }
+    const bool params_layout = name == "params" || name.starts_with("optim/");
+    if (relaid && params_layout) {
+      for (const auto& [from, to] : moves) targets.push_back({name, from.offset, to.of(buf)});
+    } else {
+      targets.push_back({name, 0, buf});
     }
   }
   // Per-rank algorithm state: this rank's block at the same world size, else the blocks' mean.
@@ -132,7 +141,7 @@ checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Al
   for (auto& [name, buf] : algorithm.rank_state()) {
     std::fill(buf.begin(), buf.end(), 0.f);
     const auto size = size_of(name);
-    if (!size || buf.empty()) continue;
+    if (!size || buf.empty() || relaid) continue;  // (in another layout: started afresh, as at a new size)
     const std::size_t blocks = *size / buf.size();
     if (blocks * buf.size() != *size || blocks == 0)
       SINEW_THROW(CheckpointError, "{}: tensor '{}' has {} elements, not a multiple of {}", path, name, *size,
@@ -213,11 +222,17 @@ double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options&
     crc = crc32(crc, reinterpret_cast<const Bytef*>(b.data()), static_cast<uInt>(b.size()));
   };
   add(std::as_bytes(std::span<const Position>(&p, 1)));
+  for (const TensorView& v : work_.views()) {  // the layout: a member that lays out the model otherwise
+    add(std::as_bytes(std::span<const char>(v.name)));
+    add(std::as_bytes(std::span<const std::size_t>(&v.offset, 1)));
+  }
   for (const auto& [name, buf] : all) add(std::as_bytes(buf));
   std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
   backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
   if (cmp[0] != -cmp[1]) {
-    SINEW_THROW(InternalError, "training state differs across ranks after synchronising from rank {}", root);
+    SINEW_THROW(InternalError,
+                "training state or the model's layout differs across ranks after synchronising from rank {}",
+                root);
   }
   return seconds_since(t) * 1e3;
 }
