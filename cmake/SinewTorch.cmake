@@ -77,6 +77,9 @@ foreach(lib torch torch_cpu c10)
   list(APPEND _torch_libs ${_lib_${lib}})
 endforeach()
 find_library(_lib_torch_python torch_python PATHS "${_torch_root}/lib" NO_DEFAULT_PATH)
+# A CUDA build of Torch (PyPI's Linux wheels are): libc10_cuda has torch's CUDA streams, which models on a
+# GPU need (src/CMakeLists.txt; only where Sinew itself is built with CUDA).
+find_library(SINEW_TORCH_CUDA_LIBRARY c10_cuda PATHS "${_torch_root}/lib" NO_DEFAULT_PATH)
 
 set(Python_EXECUTABLE "${SINEW_PYTHON}")
 set(PYBIND11_FINDPYTHON ON)

@@ -10,6 +10,7 @@ downloaded). Any sinew-train option may be given (--epochs, --batch-size, --lr, 
 place, redo the step and start a replacement running this same script.
 """
 import argparse
+import os
 import sys
 
 import torch
@@ -33,17 +34,25 @@ def resnet18_fashion_mnist():
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--cuda", action="store_true",
+                   help="train on a GPU (the local rank's, modulo the GPUs visible): gradients reduced by NCCL")
     args, sinew_options = p.parse_known_args()
     torch.set_num_threads(args.threads)
 
     job = sinew.Job(sinew_options, defaults=DEFAULTS)
     train_x, train_y, test_x, test_y, about = job.dataset()
-    model = job.wrap(resnet18_fashion_mnist(), "resnet18")
+    net = resnet18_fashion_mnist()
+    if args.cuda:
+        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        net = net.to(device)
+        train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
+    model = job.wrap(net, "resnet18")
     if job.rank == 0:
         print(f"[train_resnet] {about}; {model.describe()}", flush=True)
 
     def train_step(indices):
-        idx = torch.tensor(indices)
+        idx = torch.tensor(indices, device=train_x.device)
         loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
         loss.backward()
         return loss.item()

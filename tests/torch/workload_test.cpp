@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sinew/core/error.hpp"
+#include "sinew/torch/tensor_optimizer.hpp"
 #include "sinew/torch/workload.hpp"
 
 using sinew::Slice;
@@ -265,4 +266,85 @@ TEST(TorchWorkload, ProbeKeepsTheLayoutUnderAnOptimizerThatCannotFollow) {
   work->use_optimizer(o);
   EXPECT_GT(work->probe_ready_order([&] { net->forward(x).sum().backward(); }), 0u);
   EXPECT_EQ(told, 1);
+}
+
+TEST(TensorOptimizer, EqualsSinewsFusedOptimizers) {
+  for (const char* which : {"sgd", "sgd-nesterov", "sgd-plain", "adam"}) {
+    sinew::optim::OptimizerOptions o;
+    o.name = std::string(which).substr(0, 4) == "adam" ? "adam" : "sgd";
+    o.weight_decay = 0.01f;
+    o.nesterov = std::string(which) == "sgd-nesterov";
+    if (std::string(which) == "sgd-plain") o.momentum = 0;
+    torch::manual_seed(2);
+    const auto start = torch::randn({50});
+    auto p = start.clone();
+    std::vector<float> host(start.data_ptr<float>(), start.data_ptr<float>() + 50);
+    sinew::pytorch::TensorOptimizer t(o, p);
+    const auto fused = sinew::optim::make_optimizer(o, 50);
+    for (int step = 0; step < 5; ++step) {
+      const auto g = torch::randn({50});
+      t.step(p, g, 0.1f);
+      fused->step(host, std::span<const float>(g.data_ptr<float>(), 50), 0.1f);
+    }
+    EXPECT_EQ(t.steps(), 5);
+    for (std::size_t i = 0; i < 50; ++i)
+      ASSERT_NEAR(p[static_cast<std::int64_t>(i)].item<float>(), host[i], 1e-6f) << which << " element " << i;
+    ASSERT_EQ(t.state().size(), fused->state().size()) << which;
+    for (std::size_t k = 0; k < t.state().size(); ++k) EXPECT_EQ(t.state()[k].first, fused->state()[k].first);
+  }
+}
+
+namespace {
+
+/// Hands out distinct fake event handles and counts the records (the device path's reports, without CUDA).
+class CountingEvents final : public sinew::pytorch::ReadyEvents {
+ public:
+  explicit CountingEvents(std::vector<std::size_t>& log) : log_(log) {}
+  CUevent_st* record(std::size_t i) override {
+    log_.push_back(i);
+    return reinterpret_cast<CUevent_st*>(slots_ + i);  // NOLINT: a handle that is never dereferenced
+  }
+
+ private:
+  std::vector<std::size_t>& log_;
+  char slots_[64] = {};
+};
+
+}  // namespace
+
+TEST(TorchWorkload, OnADeviceReportsEventsAndKeepsAHostRecord) {
+  auto net = make_net();
+  std::vector<sinew::pytorch::NamedTensor> params, buffers;
+  for (const auto& p : net->named_parameters()) params.push_back({p.key(), p.value()});
+  for (const auto& b : net->named_buffers())
+    if (b.value().scalar_type() == torch::kFloat) buffers.push_back({b.key(), b.value()});
+  std::vector<std::size_t> recorded;
+  sinew::pytorch::Device device{0, 1, std::make_unique<CountingEvents>(recorded)};
+  TorchWorkload work(std::move(params), std::move(buffers), sgd(), "net", std::move(device));
+  EXPECT_TRUE(work.on_device());
+  EXPECT_EQ(work.device(), 0);
+  EXPECT_EQ(work.attach_device(0), work.flat_grads().data_ptr<float>());
+  EXPECT_THROW((void)work.attach_device(1), sinew::InvalidArgument);
+  // The host record is a copy: training writes the device buffers, to_host() brings them over.
+  EXPECT_NE(work.params().data(), work.flat_params().data_ptr<float>());
+  std::vector<std::pair<Slice, CUevent_st*>> got;
+  work.set_device_ready([&](Slice r, CUevent_st* e) { got.emplace_back(r, e); });
+  work.begin_micro_batch(0, 1, 4, 8);
+  torch::nn::functional::cross_entropy(net->forward(torch::randn({4, 4})), torch::tensor({0, 1, 0, 1}))
+      .backward();
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_EQ(recorded.size(), 6u);
+  EXPECT_EQ(got.front().first, work.ready_order().front());
+  const float before = work.params()[0];
+  work.optimizer_step(1.f);
+  EXPECT_EQ(work.params()[0], before) << "the host record waits for to_host()";
+  work.to_host();
+  EXPECT_EQ(work.params()[0], work.flat_params()[0].item<float>());
+  EXPECT_NE(work.params()[0], before);
+  // A state sync writes the host record; to_device() makes it the model's.
+  work.params()[0] = 7.f;
+  work.buffers()[0].second[0] = 3.f;
+  work.to_device();
+  EXPECT_EQ(net->parameters()[0].flatten()[0].item<float>(), 7.f);
+  EXPECT_EQ(net->named_buffers()["1.running_mean"][0].item<float>(), 3.f);
 }

@@ -155,7 +155,11 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
       std::make_unique<train::Session>(impl_->cfg, std::move(*impl_->group), work, std::move(parts));
   impl_->group.reset();
   train::Session& s = *impl_->session;
-  work.set_ready([&s](Slice r) { s.grad_ready(r); });
+  if (work.on_device()) {
+    work.set_device_ready([&s](Slice r, CUevent_st* ready) { s.grad_ready(r, ready); });
+  } else {
+    work.set_ready([&s](Slice r) { s.grad_ready(r); });
+  }
   work.set_first_ready([&s] { s.fault(fault::Point::kBackward); });
   impl_->done = !s.start();  // a hot spare waits here; false: dismissed at the end
   return !impl_->done;
@@ -220,6 +224,7 @@ void Job::recover(const CommFailure& e) {
 train::Summary Job::finish() {
   if (!impl_->session) SINEW_THROW(InvalidArgument, "Job::finish before Job::start");
   impl_->work->set_ready({});
+  impl_->work->set_device_ready({});
   impl_->work->set_first_ready({});
   return impl_->session->finish();
 }

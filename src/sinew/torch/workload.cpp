@@ -1,8 +1,10 @@
 #include "sinew/torch/workload.hpp"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -45,22 +47,39 @@ void check_parameter(const NamedTensor& p) {
                 "wrapping it",
                 p.name, c10::toString(t.scalar_type()));
   }
-  if (!t.device().is_cpu()) {
-    SINEW_THROW(InvalidArgument,
-                "parameter '{}' is on {}: this build of Sinew's PyTorch integration trains CPU tensors "
-                "(docs/pytorch.md); move the model with .cpu() before wrapping it",
-                p.name, t.device().str());
-  }
 }
 
-/// Copies the tensors' values into one new flat float buffer and makes each tensor a view of its range.
-at::Tensor flatten(std::vector<NamedTensor>& tensors, std::vector<Slice>& slices) {
+/// The one device of the model's tensors; InvalidArgument naming the first tensor elsewhere, or a device
+/// that is neither the CPU nor a GPU.
+c10::Device device_of(const std::vector<NamedTensor>& params, const std::vector<NamedTensor>& buffers) {
+  const c10::Device d = params.front().tensor.device();
+  if (!d.is_cpu() && !d.is_cuda()) {
+    SINEW_THROW(InvalidArgument, "parameter '{}' is on {}: Sinew trains on the CPU or on CUDA GPUs",
+                params.front().name, d.str());
+  }
+  for (const auto* list : {&params, &buffers}) {
+    for (const NamedTensor& t : *list) {
+      if (t.tensor.device() != d) {
+        SINEW_THROW(InvalidArgument,
+                    "'{}' is on {}, '{}' on {}: Sinew trains a model on one device; move it with .to() "
+                    "before wrapping it",
+                    t.name, t.tensor.device().str(), params.front().name, d.str());
+      }
+    }
+  }
+  return d;
+}
+
+/// Copies the tensors' values into one new flat float buffer on `device` and makes each tensor a view of
+/// its range.
+at::Tensor flatten(std::vector<NamedTensor>& tensors, std::vector<Slice>& slices, c10::Device device) {
   std::size_t n = 0;
   for (const NamedTensor& t : tensors) {
     slices.push_back({n, static_cast<std::size_t>(t.tensor.numel())});
     n += slices.back().count;
   }
-  at::Tensor flat = at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor flat =
+      at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kFloat).device(device));
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     at::Tensor& t = tensors[i].tensor;
     at::Tensor view = flat.narrow(0, static_cast<std::int64_t>(slices[i].offset),
@@ -80,29 +99,70 @@ std::span<float> span_of(const at::Tensor& t) {
   return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
 }
 
+at::Tensor range_of(const at::Tensor& flat, Slice r) {
+  return flat.narrow(0, static_cast<std::int64_t>(r.offset), static_cast<std::int64_t>(r.count));
+}
+
+/// A CPU copy of `t` (the host record of a tensor in device memory).
+at::Tensor host_copy(const at::Tensor& t) { return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); }
+
 /// Moves range from[i] of `flat` to range to[i], for every i (a permutation of equal-sized ranges).
-void move_ranges(std::span<float> flat, const std::vector<Slice>& from, const std::vector<Slice>& to) {
-  const std::vector<float> old(flat.begin(), flat.end());
-  for (std::size_t i = 0; i < from.size(); ++i) {
-    const auto src = from[i].of(std::span<const float>(old));
-    std::copy(src.begin(), src.end(), to[i].of(flat).begin());
-  }
+void move_ranges(const at::Tensor& flat, const std::vector<Slice>& from, const std::vector<Slice>& to) {
+  at::NoGradGuard no_grad;
+  const at::Tensor old = flat.clone();
+  for (std::size_t i = 0; i < from.size(); ++i) range_of(flat, to[i]).copy_(range_of(old, from[i]));
+}
+
+at::Tensor tensor_of(std::span<float> s) {
+  return at::from_blob(s.data(), {static_cast<std::int64_t>(s.size())},
+                       at::TensorOptions().dtype(at::kFloat));
 }
 
 }  // namespace
+
+#ifndef SINEW_TORCH_CUDA  // else torch/cuda/ready_events.cpp
+std::unique_ptr<ReadyEvents> cuda_ready_events(int index, std::size_t /*parameters*/) {
+  SINEW_THROW(InvalidArgument,
+              "the model is on cuda:{}, and this build of Sinew has no CUDA support: build it where the CUDA "
+              "toolkit and nccl.h are found (docs/gpu.md), or move the model with .cpu() before wrapping it",
+              index);
+}
+#endif
 
 TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
                              const optim::OptimizerOptions& optimizer, std::string model)
     : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
   if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
   for (const NamedTensor& p : params_) check_parameter(p);
-  for (const NamedTensor& b : buffer_tensors_) {
-    if (b.tensor.scalar_type() != at::kFloat || !b.tensor.device().is_cpu())
-      SINEW_THROW(InvalidArgument, "buffer '{}' must be a float32 CPU tensor (it is {} on {})", b.name,
-                  c10::toString(b.tensor.scalar_type()), b.tensor.device().str());
+  const c10::Device d = device_of(params_, buffer_tensors_);
+  if (d.is_cuda()) {
+    const int index = d.has_index() ? d.index() : 0;
+    device_ = Device{index, static_cast<int>(torch::cuda::device_count()),
+                     cuda_ready_events(index, params_.size())};
   }
-  flat_params_ = flatten(params_, slices_);
-  flat_buffers_ = flatten(buffer_tensors_, buffer_slices_);
+  init(optimizer);
+}
+
+TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
+                             const optim::OptimizerOptions& optimizer, std::string model, Device device)
+    : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
+  if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
+  for (const NamedTensor& p : params_) check_parameter(p);
+  (void)device_of(params_, buffer_tensors_);
+  if (!device.events) SINEW_THROW(InvalidArgument, "{}: a device without its ready events", model_);
+  device_ = std::move(device);
+  init(optimizer);
+}
+
+void TorchWorkload::init(const optim::OptimizerOptions& optimizer) {
+  for (const NamedTensor& b : buffer_tensors_) {
+    if (b.tensor.scalar_type() != at::kFloat)
+      SINEW_THROW(InvalidArgument, "buffer '{}' must be float32 (it is {})", b.name,
+                  c10::toString(b.tensor.scalar_type()));
+  }
+  const c10::Device d = params_.front().tensor.device();
+  flat_params_ = flatten(params_, slices_, d);
+  flat_buffers_ = flatten(buffer_tensors_, buffer_slices_, d);
   flat_grads_ = at::zeros_like(flat_params_);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     views_.push_back({params_[i].name, "params", slices_[i].offset, shape_of(params_[i].tensor), ""});
@@ -110,7 +170,18 @@ TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedT
   }
   for (std::size_t i = params_.size(); i-- > 0;) order_.push_back(i);  // the module's order, reversed
   done_.assign(params_.size(), false);
-  optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
+  if (device_) {
+    device_optimizer_ = std::make_unique<TensorOptimizer>(optimizer, flat_params_);
+    host_params_ = host_copy(flat_params_);
+    host_grads_ = at::zeros_like(host_params_);  // the layout's size for the runtime; never trained
+    host_buffers_ = host_copy(flat_buffers_);
+    for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
+  } else {
+    optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
+    host_params_ = flat_params_;
+    host_grads_ = flat_grads_;
+    host_buffers_ = flat_buffers_;
+  }
   begin_micro_batch(0, 1, 0, 1);  // .grad of every parameter: its view, zero
   armed_ = false;                 // a backward outside a step reports nothing
 }
@@ -136,7 +207,8 @@ std::unique_ptr<TorchWorkload> TorchWorkload::of(torch::nn::Module& module,
 }
 
 std::string TorchWorkload::describe() const {
-  return fmt::format("{} ({} parameters in {} tensors)", model_, flat_params_.numel(), params_.size());
+  return fmt::format("{} ({} parameters in {} tensors{})", model_, flat_params_.numel(), params_.size(),
+                     device_ ? fmt::format(", on GPU {}", device_->index) : "");
 }
 
 std::vector<Slice> TorchWorkload::ready_order() const {
@@ -183,15 +255,12 @@ std::size_t TorchWorkload::probe_ready_order(const std::function<void()>& backwa
     offset += slices_[i].count;
   }
   for (std::size_t i = 0; i < params_.size(); ++i) moved += fresh[i].offset != slices_[i].offset ? 1 : 0;
-  move_ranges(params(), slices_, fresh);
-  for (const auto& [name, span] : optimizer_state()) move_ranges(span, slices_, fresh);
+  move_ranges(flat_params_, slices_, fresh);
+  for (const at::Tensor& t : state_tensors()) move_ranges(t, slices_, fresh);
   slices_ = std::move(fresh);
   views_.clear();
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    params_[i].tensor.set_data(flat_params_
-                                   .narrow(0, static_cast<std::int64_t>(slices_[i].offset),
-                                           static_cast<std::int64_t>(slices_[i].count))
-                                   .view(params_[i].tensor.sizes()));
+    params_[i].tensor.set_data(range_of(flat_params_, slices_[i]).view(params_[i].tensor.sizes()));
     views_.push_back({params_[i].name, "params", slices_[i].offset, shape_of(params_[i].tensor), ""});
   }
   std::sort(views_.begin(), views_.end(),
@@ -200,28 +269,54 @@ std::size_t TorchWorkload::probe_ready_order(const std::function<void()>& backwa
   begin_micro_batch(0, 2, 0, 1);  // every .grad a view of its new range
   disarm();
   if (external_) external_->relayout();
+  to_host();  // on a device: the host record in the new layout
   return moved;
 }
 
-std::span<float> TorchWorkload::params() { return span_of(flat_params_); }
-std::span<float> TorchWorkload::grads() { return span_of(flat_grads_); }
+std::span<float> TorchWorkload::params() { return span_of(host_params_); }
+std::span<float> TorchWorkload::grads() { return span_of(host_grads_); }
 
-std::string TorchWorkload::optimizer_name() const { return external_ ? external_->name : optimizer_->name(); }
+std::string TorchWorkload::optimizer_name() const {
+  if (external_) return external_->name;
+  return device_optimizer_ ? device_optimizer_->name() : optimizer_->name();
+}
+
+std::vector<at::Tensor> TorchWorkload::state_tensors() {
+  std::vector<at::Tensor> out;
+  if (external_) {
+    for (const NamedTensor& t : external_->state) out.push_back(t.tensor);
+  } else if (device_optimizer_) {
+    for (const auto& [name, t] : device_optimizer_->state()) out.push_back(t);
+  } else {
+    for (const auto& [name, span] : optimizer_->state()) out.push_back(tensor_of(span));
+  }
+  return out;
+}
 
 NamedSpans TorchWorkload::optimizer_state() {
-  if (!external_) return optimizer_->state();
+  if (!device_ && !external_) return optimizer_->state();
   NamedSpans out;
-  for (const NamedTensor& t : external_->state) out.emplace_back(t.name, span_of(t.tensor));
+  std::vector<std::string> names;
+  if (external_) {
+    for (const NamedTensor& t : external_->state) names.push_back(t.name);
+  } else {
+    for (const auto& [name, t] : device_optimizer_->state()) names.push_back(name);
+  }
+  const std::vector<at::Tensor> tensors = device_ ? host_state_ : state_tensors();
+  for (std::size_t k = 0; k < names.size(); ++k) out.emplace_back(names[k], span_of(tensors[k]));
   return out;
 }
 
 std::int64_t TorchWorkload::optimizer_steps() const {
-  return external_ ? external_->steps() : optimizer_->steps();
+  if (external_) return external_->steps();
+  return device_optimizer_ ? device_optimizer_->steps() : optimizer_->steps();
 }
 
 void TorchWorkload::set_optimizer_steps(std::int64_t steps) {
   if (external_) {
     external_->set_steps(steps);
+  } else if (device_optimizer_) {
+    device_optimizer_->set_steps(steps);
   } else {
     optimizer_->set_steps(steps);
   }
@@ -230,6 +325,8 @@ void TorchWorkload::set_optimizer_steps(std::int64_t steps) {
 void TorchWorkload::optimizer_step(float lr) {
   if (external_) {
     external_->step(lr);
+  } else if (device_optimizer_) {
+    device_optimizer_->step(flat_params_, flat_grads_, lr);
   } else {
     optimizer_->step(params(), grads(), lr);
   }
@@ -239,22 +336,61 @@ void TorchWorkload::use_optimizer(ExternalOptimizer o) {
   if (!o.step || !o.steps || !o.set_steps)
     SINEW_THROW(InvalidArgument, "optimizer {}: its step and step-count functions are required", o.name);
   for (const NamedTensor& t : o.state) {
-    if (!t.tensor.defined() || t.tensor.scalar_type() != at::kFloat || !t.tensor.device().is_cpu() ||
-        !t.tensor.is_contiguous() || t.tensor.numel() != flat_params_.numel()) {
-      SINEW_THROW(InvalidArgument,
-                  "optimizer {}: its state '{}' must be a contiguous float32 CPU tensor of the {} parameters",
-                  o.name, t.name, flat_params_.numel());
+    if (!t.tensor.defined() || t.tensor.scalar_type() != at::kFloat ||
+        t.tensor.device() != flat_params_.device() || !t.tensor.is_contiguous() ||
+        t.tensor.numel() != flat_params_.numel()) {
+      SINEW_THROW(
+          InvalidArgument,
+          "optimizer {}: its state '{}' must be a contiguous float32 tensor of the {} parameters on {}",
+          o.name, t.name, flat_params_.numel(), flat_params_.device().str());
     }
   }
   external_ = std::move(o);
+  host_state_.clear();
+  if (device_)
+    for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
 }
 
 NamedSpans TorchWorkload::buffers() {
   NamedSpans out;
-  const std::span<float> all = span_of(flat_buffers_);
+  const std::span<float> all = span_of(host_buffers_);
   for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
     out.emplace_back(buffer_tensors_[i].name, buffer_slices_[i].of(all));
   return out;
+}
+
+void TorchWorkload::buffers_to_host() {
+  if (device_) host_buffers_.copy_(flat_buffers_);
+}
+
+void TorchWorkload::buffers_to_device() {
+  if (device_) flat_buffers_.copy_(host_buffers_);
+}
+
+float* TorchWorkload::attach_device(int index) {
+  if (!device_) return Workload::attach_device(index);
+  if (index != device_->index) {
+    SINEW_THROW(InvalidArgument, "{}: the group chose GPU {} for this member, its model is on GPU {}", model_,
+                index, device_->index);
+  }
+  return flat_grads_.data_ptr<float>();
+}
+
+void TorchWorkload::to_host() {
+  if (!device_) return;
+  host_params_.copy_(flat_params_);
+  host_buffers_.copy_(flat_buffers_);
+  const std::vector<at::Tensor> state = state_tensors();
+  for (std::size_t k = 0; k < state.size(); ++k) host_state_[k].copy_(state[k]);
+}
+
+void TorchWorkload::to_device() {
+  if (!device_) return;
+  at::NoGradGuard no_grad;
+  flat_params_.copy_(host_params_);
+  flat_buffers_.copy_(host_buffers_);
+  const std::vector<at::Tensor> state = state_tensors();
+  for (std::size_t k = 0; k < state.size(); ++k) state[k].copy_(host_state_[k]);
 }
 
 void TorchWorkload::begin_micro_batch(std::size_t j, std::size_t micro_batches, std::size_t samples,
@@ -267,10 +403,7 @@ void TorchWorkload::begin_micro_batch(std::size_t j, std::size_t micro_batches, 
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i].tensor;
     if (!p.grad().defined() || p.grad().data_ptr() != flat_grads_.data_ptr<float>() + slices_[i].offset) {
-      p.mutable_grad() = flat_grads_
-                             .narrow(0, static_cast<std::int64_t>(slices_[i].offset),
-                                     static_cast<std::int64_t>(slices_[i].count))
-                             .view(p.sizes());
+      p.mutable_grad() = range_of(flat_grads_, slices_[i]).view(p.sizes());
       if (j > 0) p.mutable_grad().zero_();  // (cannot happen between micro-batches of a well-formed step)
     }
   }
@@ -286,15 +419,22 @@ void TorchWorkload::begin_micro_batch(std::size_t j, std::size_t micro_batches, 
   armed_ = j + 1 == micro_batches;
 }
 
+void TorchWorkload::report(std::size_t i) {
+  done_[i] = true;
+  ++reported_;
+  if (device_) {
+    if (device_ready_) device_ready_(slices_[i], device_->events->record(i));
+  } else if (ready_) {
+    ready_(slices_[i]);
+  }
+}
+
 void TorchWorkload::skip_micro_batch() {
   if (!armed_) return;
-  const std::span<float> g = grads();
-  for (std::size_t i = params_.size(); i-- > 0;) {  // in ready order
+  for (const std::size_t i : order_) {
     if (done_[i]) continue;
-    for (float& x : slices_[i].of(g)) x *= scale_;
-    done_[i] = true;
-    ++reported_;
-    if (ready_) ready_(slices_[i]);
+    if (scale_ != 1.f) range_of(flat_grads_, slices_[i]).mul_(scale_);
+    report(i);
   }
 }
 
@@ -311,9 +451,7 @@ void TorchWorkload::on_grad(std::size_t i, const at::Tensor& param) {
   if (g.defined() && g.data_ptr() != mine) {
     // Autograd did not accumulate into the view (the script replaced .grad during the step): take the value.
     at::NoGradGuard no_grad;
-    flat_grads_
-        .narrow(0, static_cast<std::int64_t>(slices_[i].offset), static_cast<std::int64_t>(slices_[i].count))
-        .copy_(g.reshape({-1}));
+    range_of(flat_grads_, slices_[i]).copy_(g.reshape({-1}));
   }
   if (probing_) probe_.push_back(i);
   if (!armed_) return;
@@ -325,11 +463,13 @@ void TorchWorkload::on_grad(std::size_t i, const at::Tensor& param) {
         params_[i].name);
   }
   if (scale_ != 1.f) {
-    for (float& x : std::span<float>(mine, slices_[i].count)) x *= scale_;
+    if (device_) {
+      range_of(flat_grads_, slices_[i]).mul_(scale_);  // on the stream that wrote it (autograd's current)
+    } else {
+      for (float& x : std::span<float>(mine, slices_[i].count)) x *= scale_;
+    }
   }
-  done_[i] = true;
-  ++reported_;
-  if (ready_) ready_(slices_[i]);
+  report(i);
   if (reported_ == 1 && first_ready_) first_ready_();
 }
 

@@ -18,9 +18,17 @@
 // step's mean: users write the usual loss (the mean over their micro-batch) and Sinew makes the sum over
 // ranks the exact global mean, also when the last step of an epoch gives ranks unequal batches.
 //
-// Float32 CPU parameters only (see docs/pytorch.md for what is not supported, and why). Module buffers
-// that are floats (BatchNorm's running mean and variance) live in a third flat buffer: rank 0's are every
-// rank's after each step, checkpoints hold them and replacements receive them.
+// Float32 parameters, all on the CPU or all on one GPU. Module buffers that are floats (BatchNorm's running
+// mean and variance) live in a third flat buffer: rank 0's are every rank's after each step, checkpoints hold
+// them and replacements receive them.
+//
+// On a GPU (a model moved with .cuda() before it is wrapped, in a build with CUDA) the flat buffers are in
+// device memory, as autograd writes them, and the workload is on_device(): each range is reported with a
+// CUDA event recorded on the stream its gradient's last kernel ran on (workload::DeviceReadyFn), the
+// fabric's DeviceBucketer reduces the buckets with NCCL in device memory once their events complete (no copy
+// to the host), and the fused optimiser runs there (TensorOptimizer). Host copies of the parameters, the
+// optimiser's state and the buffers are the runtime's record, as for --device cuda (model/cuda/workload.hpp):
+// to_host() before checkpoints and state syncs read them, to_device() after they wrote them.
 //
 // Used from C++ (TorchWorkload::of(module)) and from Python (python/, through the same class).
 #pragma once
@@ -37,6 +45,7 @@
 #include <vector>
 
 #include "sinew/optim/optimizer.hpp"
+#include "sinew/torch/tensor_optimizer.hpp"
 #include "sinew/workload/workload.hpp"
 
 namespace torch::nn {
@@ -50,6 +59,32 @@ struct NamedTensor {
   std::string name;
   at::Tensor tensor;
 };
+
+/// Records the events that say a gradient range is final, on the stream that wrote it (a workload on a GPU).
+/// The CUDA one records on torch's current stream (cuda_ready_events); tests record the fake NCCL's.
+class ReadyEvents {
+ public:
+  ReadyEvents() = default;
+  ReadyEvents(const ReadyEvents&) = delete;
+  ReadyEvents& operator=(const ReadyEvents&) = delete;
+  ReadyEvents(ReadyEvents&&) = delete;
+  ReadyEvents& operator=(ReadyEvents&&) = delete;
+  virtual ~ReadyEvents() = default;
+  /// Parameter `i`'s event, recorded now on the current stream (one per parameter, recorded again every
+  /// step: its consumer waits for it on the GPU before the next record).
+  virtual CUevent_st* record(std::size_t i) = 0;
+};
+
+/// Where a workload on a device trains: its GPU, how many the process sees, and its events.
+struct Device {
+  int index = 0;
+  int visible = 1;
+  std::unique_ptr<ReadyEvents> events;
+};
+
+/// One CUDA event per parameter on GPU `index`, recorded on torch's current CUDA stream. Throws
+/// InvalidArgument in a build of Sinew without CUDA (naming what to do).
+std::unique_ptr<ReadyEvents> cuda_ready_events(int index, std::size_t parameters);
 
 /// An optimiser that is not one of Sinew's (a torch.optim one, adopted by the Python package): its per-
 /// parameter state lives in flat tensors of the parameters' layout, named by its keys ("momentum_buffer",
@@ -71,9 +106,15 @@ class TorchWorkload final : public workload::Workload {
   /// Takes over `params` (the trainable ones, in the module's order) and `buffers` (its float buffers):
   /// their values are copied into the flat buffers and each tensor's storage becomes a view of them. The
   /// optimiser is one of Sinew's fused ones over the flat buffer. `model` names the model in logs.
-  /// Throws InvalidArgument for a parameter that is not a float32 CPU tensor (naming it and what to do).
+  /// Tensors on a GPU make the workload on_device() (the CUDA events of cuda_ready_events()).
+  /// Throws InvalidArgument for a parameter that is not float32, tensors on different devices, or a GPU in a
+  /// build without CUDA (naming the tensor and what to do).
   TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
                 const optim::OptimizerOptions& optimizer, std::string model);
+  /// The same on `device`, whatever memory the tensors are in: the device path over host memory, for tests
+  /// with the fake NCCL (tests/mpi/nccl_fake.hpp), whose "device memory" is host memory.
+  TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
+                const optim::OptimizerOptions& optimizer, std::string model, Device device);
   /// A C++ module: its named_parameters() that require a gradient, and its float named_buffers().
   static std::unique_ptr<TorchWorkload> of(torch::nn::Module& module,
                                            const optim::OptimizerOptions& optimizer,
@@ -99,10 +140,23 @@ class TorchWorkload final : public workload::Workload {
   /// tensor that is not a float32 CPU tensor of the parameters' size, or a missing function.
   void use_optimizer(ExternalOptimizer o);
   [[nodiscard]] NamedSpans buffers() override;
+  void buffers_to_host() override;
+  void buffers_to_device() override;
+
+  // ---- a device ----------------------------------------------------------------------------------------
+  [[nodiscard]] bool on_device() const override { return device_.has_value(); }
+  [[nodiscard]] int device() const override { return device_ ? device_->index : -1; }
+  [[nodiscard]] int visible_devices() const override { return device_ ? device_->visible : 0; }
+  /// The gradients in device memory; `index` must be the model's GPU (a member keeps its GPU).
+  float* attach_device(int index) override;
+  void to_host() override;
+  void to_device() override;
 
   // ---- a step, driven by the caller -----------------------------------------------------------------
-  /// Where the hooks report final ranges (the session's grad_ready). Empty: they report nothing.
+  /// Where the hooks report final ranges (the session's grad_ready): on the host `ready`, on a device
+  /// `device_ready` (with the range's event). Empty: they report nothing.
   void set_ready(workload::ReadyFn ready) { ready_ = std::move(ready); }
+  void set_device_ready(workload::DeviceReadyFn ready) { device_ready_ = std::move(ready); }
   /// Called once per step, right after the first range is reported: the point "backward" of fault
   /// injection (a rank dies while buckets are in flight).
   void set_first_ready(std::function<void()> fn) { first_ready_ = std::move(fn); }
@@ -129,24 +183,37 @@ class TorchWorkload final : public workload::Workload {
   /// an external optimiser that cannot follow (ExternalOptimizer::relayout empty).
   std::size_t probe_ready_order(const std::function<void()>& backward_pass);
 
-  /// The flat buffers as tensors (views of the same memory).
+  /// The flat buffers as tensors (views of the same memory; on a device, in device memory).
   [[nodiscard]] const at::Tensor& flat_params() const noexcept { return flat_params_; }
   [[nodiscard]] const at::Tensor& flat_grads() const noexcept { return flat_grads_; }
+  /// The optimiser's state tensors where training uses them (on a device: there), in optimizer_state()'s
+  /// order. On the host with Sinew's fused optimiser: views of its buffers.
+  [[nodiscard]] std::vector<at::Tensor> state_tensors();
   [[nodiscard]] std::size_t num_params() const noexcept { return slices_.size(); }
 
   /// A parameter's gradient is final (called by its hook).
   void on_grad(std::size_t i, const at::Tensor& param);
 
  private:
+  void init(const optim::OptimizerOptions& optimizer);
+  void report(std::size_t i);
+
   std::vector<NamedTensor> params_, buffer_tensors_;
   std::vector<Slice> slices_;         // params_[i]'s range of the flat buffers
   std::vector<Slice> buffer_slices_;  // buffer_tensors_[i]'s range of flat_buffers_
   std::vector<TensorView> views_;
   std::string model_;
   at::Tensor flat_params_, flat_grads_, flat_buffers_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<Device> device_;
+  // The runtime's record in host memory: on the host the flat tensors themselves; on a device their copies
+  // (to_host, to_device), and host_state_ those of the optimiser's state.
+  at::Tensor host_params_, host_grads_, host_buffers_;
+  std::vector<at::Tensor> host_state_;
+  std::unique_ptr<optim::Optimizer> optimizer_;        // on the host
+  std::unique_ptr<TensorOptimizer> device_optimizer_;  // on a device
   std::optional<ExternalOptimizer> external_;
   workload::ReadyFn ready_;
+  workload::DeviceReadyFn device_ready_;
   std::function<void()> first_ready_;
   std::vector<std::size_t> order_;  // parameters in the order their gradients become final (ready order)
   std::vector<std::size_t> probe_;  // the order the hooks fired in probe_ready_order()'s pass

@@ -246,6 +246,7 @@ struct Session::Impl {
     s.faults = &faults;
     s.work = &work;
     s.compute_ms = parts.compute_ms;
+    s.nccl_api = parts.nccl_api;
     s.algorithm_event = [this](const nlohmann::json& ev) {
       events.emit(AlgorithmEvent{ev, step()});
       if (group.rank() == 0)
@@ -483,8 +484,11 @@ struct Session::Impl {
     const auto ta = Clock::now();
     f.algorithm().after_step(next);
     // The model's buffers (BatchNorm's running statistics) are rank 0's everywhere, as DDP's.
-    for (const auto& [name, buf] : work.buffers())
-      f.backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
+    if (const NamedSpans buffers = work.buffers(); !buffers.empty()) {
+      work.buffers_to_host();
+      for (const auto& [name, buf] : buffers) f.backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
+      work.buffers_to_device();
+    }
     if (!plan.reduces_gradients) comm_ms += ms_since(ta);
     sampler.advance(plan.total);
     state.pos().step = next;

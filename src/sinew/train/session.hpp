@@ -50,6 +50,10 @@
 
 struct CUevent_st;
 
+namespace sinew::comm::nccl {
+class Api;
+}
+
 namespace sinew::distill {
 class Distiller;
 }
@@ -93,6 +97,8 @@ struct SessionParts {
   std::function<double()> compute_ms;
   /// --distill-*: empty means distillation is refused.
   DistillerFactory distiller;
+  /// A workload on a device: the NCCL entry points; null is the real library (tests: the fake NCCL).
+  comm::nccl::Api* nccl_api = nullptr;
 };
 
 class Session {

@@ -126,6 +126,10 @@ class Workload {
   /// receives them, and the session makes every rank's rank 0's after each step (as DDP broadcasts its
   /// module buffers). None by default.
   [[nodiscard]] virtual NamedSpans buffers() { return {}; }
+  /// A workload on a device: copies the buffers device -> host before the runtime reads buffers(), and back
+  /// after it wrote them (the broadcast after each step). No-ops on the host.
+  virtual void buffers_to_host() {}
+  virtual void buffers_to_device() {}
 
   /// The state buffer `name` of the optimiser, for `who` (an algorithm) that cannot work without it.
   /// Throws InvalidArgument naming `who`, the buffer, the optimiser and the buffers it has.
