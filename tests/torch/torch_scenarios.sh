@@ -9,6 +9,7 @@
 #                      kill -9 of a rank at that phase: recovered in place, a Python replacement spawned,
 #                      the audit exact, the final parameters the failure-free run's
 #   spare              the killed rank's place taken by a hot spare
+#   resize             the job server's schedule: ranks leave at one step, Python processes spawned at another
 #   sampler-api        the Horovod-style loop (ElasticSampler, @job.elastic) with a kill in backward
 #   checkpoint         written on 4 ranks, resumed on 3, read by key with h5py, exported for torch.load
 #   algorithms         every --algorithm on a torch model: within 1 point of ring's accuracy
@@ -106,6 +107,15 @@ case "$scenario" in
       || fail "metrics"
     audit || fail "audit"
     compare "$workdir/reference-params.pt" "$d/params.pt" 1e-4 || fail "parameters"
+    ;;
+  resize)
+    # The job server's schedule on a torch job: 2 ranks leave at step 8 (not a failure: they exit 0), 2 Python
+    # processes are spawned at step 20; the lr follows the global batch (linear scaling); the audit exact.
+    run 4 180 --model cnn -- "${common[@]}" "${std[@]}" --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" \
+      --resize-schedule 8:2,20:4 --lr-scaling linear || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 0 --event shrink --event grow \
+      --field shrink.reason=leave --final-world-size 4 || fail "metrics"
+    audit || fail "audit"
     ;;
   spare)
     run 5 180 --model cnn --params-out "$d/params.pt" -- "${common[@]}" "${std[@]}" --metrics "$d/metrics.jsonl" \
