@@ -39,6 +39,15 @@ def build(name):
         m = torchvision.models.resnet18(num_classes=10)
         m.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
         return m
+    if name == "vgg16":
+        # torchvision's VGG-16 as it is used on CIFAR-sized data: its 13 convolutions on 1x32x32 inputs (five
+        # poolings leave 512x1x1) and one linear layer to the 10 classes instead of the 224x224 classifier.
+        import torchvision
+        m = torchvision.models.vgg16(num_classes=10)
+        m.features[0] = nn.Conv2d(1, 64, kernel_size=3, padding=1)
+        m.avgpool = nn.Identity()
+        m.classifier = nn.Linear(512, 10)
+        return m
     if name == "transformer":
         class Encoder(nn.Module):
             def __init__(self):
@@ -60,6 +69,8 @@ def batches(name, n, batch):
     g = torch.Generator().manual_seed(1)
     if name == "resnet18":
         x = torch.randn(n, 1, 28, 28, generator=g)
+    elif name == "vgg16":
+        x = torch.randn(n, 1, 32, 32, generator=g)
     else:
         x = torch.randint(0, 8000, (n, 64), generator=g)
     return x, torch.randint(0, 10, (n,), generator=g)

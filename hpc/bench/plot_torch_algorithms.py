@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""Bar charts of torch_algorithms_bench.py's results, one PNG per model (as Bagua's figure): samples/s of every
+configuration at every link rate, the compute-only limit as a line per rate.
+
+Usage: plot_torch_algorithms.py [RESULTS.json] [OUT_DIR]
+       (defaults: hpc/bench/results/torch_algorithms.json, docs/img; writes torch_algorithms_<model>.png)
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RATE_ORDER = ["unlimited", "10gbit", "1gbit", "100mbit", "10mbit"]
+
+
+def main():
+    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "hpc", "bench", "results", "torch_algorithms.json")
+    out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "docs", "img")
+    data = json.load(open(src))
+    rows = data["rows"]
+    rates = sorted({r["rate"] for r in rows}, key=lambda r: RATE_ORDER.index(r) if r in RATE_ORDER else 99)
+    os.makedirs(out, exist_ok=True)
+    for model in dict.fromkeys(r["model"] for r in rows):
+        names = [n for n in dict.fromkeys(r["name"] for r in rows if r["model"] == model) if n != "compute-only"]
+        at = {(r["rate"], r["name"]): r for r in rows if r["model"] == model}
+        fig, ax = plt.subplots(figsize=(12, 4.8))
+        width = 0.8 / max(len(rates), 1)
+        for i, rate in enumerate(rates):
+            xs = [k + (i - (len(rates) - 1) / 2) * width for k in range(len(names))]
+            ys = [at[(rate, n)]["samples_per_s"] if (rate, n) in at else 0 for n in names]
+            bars = ax.bar(xs, ys, width, label=rate)
+            comp = at.get((rate, "compute-only"))
+            if comp:
+                ax.axhline(comp["samples_per_s"], color=bars.patches[0].get_facecolor(), linestyle="--",
+                           linewidth=0.8)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+        for label in ax.get_xticklabels():
+            if not label.get_text().startswith("ddp"):
+                label.set_fontweight("bold")
+        ax.set_ylabel("samples/s (4 ranks)")
+        ax.set_title(f"{model}: Sinew's algorithms (bold) and PyTorch DDP with its hooks, by link rate "
+                     f"(dashed: compute-only limit)", fontsize=10)
+        ax.legend(title="link rate", fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out, f"torch_algorithms_{model}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
