@@ -109,8 +109,10 @@ def sinew_in_place(mode, a, fail_step, py, env):
             raise SystemExit(f"the spare was not promoted: {f}")
         total = (f["detected_unix_time"] - t_kill) * 1e3 + rec["total_ms"]
         # The survivors redo the failed step from their memory: no completed step is computed again.
+        detect = (f["detected_unix_time"] - t_kill) * 1e3
         return {"total_ms": total, "lost_steps": f["step"] - f.get("resumed_step", f["step"]),
-                "detect_ms": (f["detected_unix_time"] - t_kill) * 1e3, "sync_ms": f.get("sync_ms", 0.0),
+                "parts_ms": {"to first step": total, "replay": 0.0, "detect": detect,
+                             "step itself": rec["first_step_ms"]},
                 "world_after": f["world_size"]}
 
 
@@ -127,7 +129,10 @@ def sinew_restart(a, fail_step, py, env):
         res = next(e for e in ev if e.get("event") == "resume" and e.get("generation") == 1)
         after = ev[ev.index(res):]
         back = next(e for e in after if "loss" in e and "event" not in e and e["step"] >= fail_step)
+        first = next(e for e in after if "loss" in e and "event" not in e)
         return {"total_ms": (back["unix_time"] - t_kill) * 1e3, "lost_steps": fail_step - 1 - res["step"],
+                "parts_ms": {"to first step": (first["unix_time"] - t_kill) * 1e3,
+                             "replay": (back["unix_time"] - first["unix_time"]) * 1e3},
                 "world_after": RANKS - 1}
 
 
@@ -147,10 +152,14 @@ def torchrun(a, fail_step, env):
             raise SystemExit(f"torchrun failed ({r.returncode}):\n{r.stderr[-3000:]}")
         ev = events(f"{d}/steps.jsonl")
         kill = next(e for e in ev if e.get("event") == "kill")
-        resumed = next(e for e in ev if e.get("event") == "resume")
+        resumed = next(e for e in ev if e.get("event") == "resume" and e["restart"] >= 1)
         back = next(e for e in ev if e.get("event") == "step" and e["restart"] >= 1 and e["step"] >= fail_step)
+        first = next(e for e in ev if e.get("event") == "step" and e["restart"] >= 1)
         return {"total_ms": (back["unix_time"] - kill["unix_time"]) * 1e3,
-                "lost_steps": fail_step - 1 - resumed["step"], "world_after": RANKS}
+                "lost_steps": fail_step - 1 - resumed["step"],
+                "parts_ms": {"to first step": (first["unix_time"] - kill["unix_time"]) * 1e3,
+                             "replay": (back["unix_time"] - first["unix_time"]) * 1e3},
+                "world_after": RANKS}
 
 
 def main():
@@ -193,6 +202,7 @@ def main():
            "modes": {}}
     for m, rs in runs.items():
         out["modes"][m] = {"total_ms": statistics.median(r["total_ms"] for r in rs),
+                           "parts_ms": {k: statistics.median(r["parts_ms"][k] for r in rs) for k in rs[0]["parts_ms"]},
                            "totals_ms": [r["total_ms"] for r in rs],
                            "lost_steps": [r["lost_steps"] for r in rs], "world_after": rs[0]["world_after"]}
     tr = out["modes"]["torchrun"]["total_ms"]
@@ -201,11 +211,16 @@ def main():
     print(f"\n# ResNet-18, {RANKS} ranks, rank {VICTIM} killed at steps {steps} (seed {args.seed}), saves every "
           f"{args.ckpt_every} steps; medians of {args.rounds} rounds")
     print(f"{'mode':<16} {'kill -> back at the failed step':>32} {'torchrun / mode':>16} {'steps lost':>14} "
-          f"{'ranks after':>12}")
+          f"{'ranks after':>12}   parts (ms)")
     for m in MODES:
         r = out["modes"][m]
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in r["parts_ms"].items())
         print(f"{m:<16} {r['total_ms']:>29.0f} ms {r['torchrun_over']:>15.1f}x {str(r['lost_steps']):>14} "
-              f"{r['world_after']:>12}")
+              f"{r['world_after']:>12}   {parts}")
+    print("# parts: to first step = kill -> the first step after the failure is done (in place: detection, revoke, "
+          "shrink, agree, rebuild, state sync, and the failed step computed again, whose own time is 'step itself'; "
+          "restart and torchrun: teardown, relaunch, rendezvous, checkpoint load, one step); replay = then until "
+          "the failed step is done again (the steps lost since the last save)")
     goals = []
     for m in ("sinew in place", "sinew spare"):
         r = out["modes"][m]
