@@ -261,7 +261,9 @@ class Job:
 
         train_step(indices): forward and backward of the training samples `indices` (a list of ints, never
         empty), returning the mean loss over them as a float. Call backward() once; do not step an optimiser
-        or zero the gradients: Sinew does both.
+        or zero the gradients: Sinew does both. Before training it is called once more, on the first
+        --batch-size samples, to learn the order in which backward produces the gradients (the buckets follow
+        it); that call's gradients are dropped and BatchNorm's statistics restored.
         evaluate(first, last): (sum of the losses, number correct) over test samples [first, last).
         """
         def train(indices):
