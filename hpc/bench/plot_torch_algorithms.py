@@ -4,6 +4,7 @@ configuration at every link rate, the compute-only limit as a line per rate.
 
 Usage: plot_torch_algorithms.py [RESULTS.json] [OUT_DIR]
        (defaults: hpc/bench/results/torch_algorithms.json, docs/img; writes torch_algorithms_<model>.png)
+       plot_torch_algorithms.py --markdown [RESULTS.json]   the tables of docs/benchmarks.md
 """
 import json
 import os
@@ -18,7 +19,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RATE_ORDER = ["unlimited", "10gbit", "1gbit", "100mbit", "10mbit"]
 
 
+def markdown(data):
+    """Per model: samples/s of each configuration at each rate, and its ratio to plain DDP's."""
+    rows = data["rows"]
+    rates = sorted({r["rate"] for r in rows}, key=lambda r: RATE_ORDER.index(r) if r in RATE_ORDER else 99)
+    failed = {(f["model"], f["rate"], f["name"]) for f in data.get("failures", [])}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        at = {(r["rate"], r["name"]): r for r in rows if r["model"] == model}
+        names = list(dict.fromkeys([r["name"] for r in rows if r["model"] == model] +
+                                   [f[2] for f in sorted(failed) if f[0] == model]))
+        print(f"\n**{model}** (batch {rows[[r['model'] for r in rows].index(model)]['batch_per_rank']} per rank): "
+              "samples/s, and × plain DDP's\n")
+        print("| configuration | " + " | ".join(rates) + " |")
+        print("|---|" + "---:|" * len(rates))
+        for n in names:
+            cells = []
+            for rate in rates:
+                r, ddp = at.get((rate, n)), at.get((rate, "ddp"))
+                if r is None:
+                    cells.append("failed" if (model, rate, n) in failed else "")
+                    continue
+                x = f" ({r['samples_per_s'] / ddp['samples_per_s']:.2f}×)" if ddp and n != "ddp" else ""
+                chosen = f" [{r['chosen']}]" if "chosen" in r else ""
+                cells.append(f"{r['samples_per_s']:.1f}{x}{chosen}")
+            label = f"**{n}**" if at.get((rates[0], n), {}).get("impl") == "sinew" else n
+            print(f"| {label} | " + " | ".join(cells) + " |")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--markdown":
+        src = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "hpc", "bench", "results",
+                                                                 "torch_algorithms.json")
+        markdown(json.load(open(src)))
+        return 0
     src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "hpc", "bench", "results", "torch_algorithms.json")
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "docs", "img")
     data = json.load(open(src))
