@@ -15,12 +15,9 @@
 #include <memory>
 #include <vector>
 
-#include "../mpi/mpi_test_main.hpp"
 #include "nccl_fake.hpp"
-#include "sinew/core/log.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/communicator.hpp"
-#include "sinew/mpi/environment.hpp"
 #include "sinew/torch/workload.hpp"
 #include "sinew/train/layer_options.hpp"
 #include "sinew/train/session.hpp"
@@ -205,17 +202,4 @@ TEST(TorchDevice, DevicePathOverTheFakeNcclTrainsAsTheHostPath) {
   }
   EXPECT_TRUE(api.misuse().empty());
   EXPECT_EQ(api.live_comms(), 0);
-}
-
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  sinew::mpi::Environment env(&argc, &argv);
-  sinew::log::init(env.world_rank(), env.world_size(), spdlog::level::warn);
-  sinew::test::print_failures_only(env.world_rank());
-  auto outcome = sinew::test::local_outcome(RUN_ALL_TESTS());
-  MPI_Allreduce(MPI_IN_PLACE, outcome.data(), 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  const char* why = "";
-  const int code = sinew::test::exit_code(outcome, why);
-  if (code != 0 && env.world_rank() == 0) std::fprintf(stderr, "%s\n", why);
-  return code;
 }
