@@ -283,6 +283,18 @@ def main():
     rows, failures = [], []
     t_start = time.time()
     testbed = os.path.join(NET, "testbed.sh")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "torch_algorithms.json")
+
+    def save(complete, checked=()):
+        # After every run, so that an interrupted benchmark leaves what it measured, marked incomplete.
+        with open(path + ".tmp", "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "ranks": RANKS,
+                       "steps": args.steps, "warmup": args.warmup, "wall_s": time.time() - t_start,
+                       "complete": complete, "rows": rows, "failures": failures,
+                       "goals": [{"goal": t, "met": ok} for t, ok in checked]}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
     try:
         for rate in args.rates.split(","):
             sh([testbed, "down"])
@@ -294,8 +306,10 @@ def main():
                     except (SystemExit, subprocess.TimeoutExpired) as e:  # one configuration, not the table
                         print(f"{rate:>9} {model:<12} {name:<28} FAILED: {str(e).splitlines()[0]}", flush=True)
                         failures.append({"model": model, "rate": rate, "name": name, "error": str(e)[-2000:]})
+                        save(False)
                         continue
                     rows.append(row)
+                    save(False)
                     print(f"{rate:>9} {model:<12} {name:<28} {row['step_ms']:8.0f} ms/step "
                           f"{row['samples_per_s']:8.1f} samples/s ({row['run_s']:.0f} s)", flush=True)
     finally:
@@ -307,12 +321,7 @@ def main():
         print("\n## goals (issue 41)")
         for text, ok in checked:
             print(f"  [{'met' if ok else 'NOT met'}] {text}")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "torch_algorithms.json")
-    with open(path, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "ranks": RANKS,
-                   "steps": args.steps, "warmup": args.warmup, "wall_s": time.time() - t_start, "rows": rows,
-                   "failures": failures, "goals": [{"goal": t, "met": ok} for t, ok in checked]}, f, indent=1)
+    save(True, checked)
     print(f"\n{len(rows)} runs in {time.time() - t_start:.0f} s; {path}")
     for f in failures:
         print(f"FAILED: {f['name']} {f['model']} at {f['rate']}", file=sys.stderr)
