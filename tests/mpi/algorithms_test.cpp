@@ -513,6 +513,71 @@ TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
   }
 }
 
+TEST(QAdam, ACoordinateWithoutGradientInTheWarmUpStepsLikeItsTensor) {
+  auto o = named("qadam");
+  o.qadam_warmup_steps = 2;
+  o.chunk = 128;
+  optim::OptimizerOptions adam;
+  adam.name = "adam";
+  o.beta1 = adam.beta1;
+  o.beta2 = adam.beta2;
+  o.eps = adam.eps;
+  const float lr = 0.01f;
+  Rig r(o, adam, values(dyadic, 5, 0), std::vector<float>(kParams, 0.f), kLayers);
+  // Dead during the warm-up: half of fc1/weight (units of a ReLU layer that nothing activated) and the
+  // whole of fc2/bias; alive again afterwards.
+  auto dead = [](std::size_t i) { return i < 400 || i >= 1000; };
+  std::vector<float> v_warm;
+  for (std::int64_t s = 1; s <= 3; ++s) {
+    SCOPED_TRACE(testing::Message() << "step " << s);
+    auto g = values(dyadic, 200 + static_cast<std::uint64_t>(s), r.rank());
+    if (s <= o.qadam_warmup_steps) {
+      for (std::size_t i = 0; i < kParams; ++i) {
+        if (dead(i)) g[i] = 0.f;
+      }
+    }
+    put(r.grads, g);
+    const auto p_before = r.params;
+    r.algorithm->begin_step(s);
+    reduce_in_buckets(r);
+    r.algorithm->step(s, lr);
+    r.algorithm->after_step(s);
+    if (s == o.qadam_warmup_steps) {
+      v_warm = r.state("adam_v");
+      for (std::size_t i = 0; i < kParams; ++i) {
+        if (dead(i)) ASSERT_EQ(v_warm[i], 0.f) << i;
+      }
+    }
+    if (s <= o.qadam_warmup_steps) continue;
+    auto mean_nonzero = [&](std::size_t first, std::size_t last) {
+      double sum = 0;
+      int k = 0;
+      for (std::size_t i = first; i < last; ++i) {
+        if (v_warm[i] > 0.f) {
+          sum += v_warm[i];
+          ++k;
+        }
+      }
+      return static_cast<float>(sum / k);
+    };
+    const auto v = r.state("adam_v");
+    const float fc1 = mean_nonzero(0, 800), all = mean_nonzero(0, kParams);
+    for (std::size_t i = 0; i < kParams; ++i) {
+      const float want = !dead(i) ? v_warm[i] : i < 400 ? fc1 : all;
+      ASSERT_FLOAT_EQ(v[i], want) << "the frozen variance at " << i;
+    }
+    // Adam's steps are about lr in size; with a variance of 0 they would be lr * m / eps, ~1e5 times more.
+    double largest = 0;
+    for (std::size_t i = 0; i < kParams; ++i) {
+      ASSERT_TRUE(std::isfinite(r.params[i])) << i;
+      largest = std::max(largest, static_cast<double>(std::abs(r.params[i] - p_before[i])));
+    }
+    EXPECT_LT(largest, 20 * lr) << "a coordinate that saw no gradient in the warm-up took a huge step";
+    EXPECT_GT(largest, 0.01 * lr) << "nothing moved";
+    expect_same_on_every_rank(r.params, "parameters");
+  }
+}
+
 // ---- decentralized ---------------------------------------------------------------------------------------
 
 TEST(Decentralized, AllAveragesTheModelsAfterTheLocalSteps) {
