@@ -9,6 +9,9 @@ turns the results into tables and plots.
                                                       patterns against full simulations
   sim.py sweep    --sim BIN [--out F] [--ranks LIST]  step times and recoveries at 4 ... 16 384 ranks
   sim.py validate --sim BIN [--out F]                 the model next to published figures
+  sim.py bagua    --sim BIN [--out F]                 Bagua's VGG-16 benchmark (128 V100, 10 and 100
+                                                      Gbit/s): DDP against ByteGrad, from published V100
+                                                      step times
   sim.py report   [--results F] [--validation F] [--img DIR] [--tables F]
 
 check exits 77 (skipped) when sinew-sim was not built (no SimGrid), 1 when the model is off by more
@@ -387,6 +390,63 @@ def validate(a):
     return 0
 
 
+# Bagua's headline benchmark (Gan et al., "BAGUA: Scaling up Distributed Learning with System Relaxations",
+# VLDB 2021; tutorials.baguasys.com/benchmark): VGG-16 on 128 V100 (16 nodes x 8, NVLink inside a node, TCP
+# between nodes at 10 or 100 Gbit/s), batch 32 per GPU. Its figure, as issue 41 reads it at 10 Gbit/s:
+BAGUA_10G = {"ddp": 4.5e3, "bytegrad": 19.7e3, "async": 29e3}  # images/s over the 128 GPUs
+GPUS, GPUS_PER_NODE, BATCH_PER_GPU = 128, 8, 32
+# A V100's step at a batch of 32 images of 224x224 (published figures, scaled and said so):
+#  ResNet-50: NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training
+#    performance: NVIDIA DGX-1 16GB (8x V100 16GB)", 1 GPU: 367 img/s FP32, 1200 img/s mixed precision.
+#  VGG-16: PaddlePaddle, paddle/contrib/float16/float16_benchmark.md, "Vgg16 on imagenet", one V100: a batch
+#    of 32 infers in 84.42 ms (float32) and 30.47 ms (float16); a training step taken as 3 x inference
+#    (backward costs about twice the forward pass).
+V100_STEP_MS = {("vgg16", "fp32"): 3 * 84.42, ("vgg16", "amp"): 3 * 30.47,
+                ("resnet50", "fp32"): 1e3 * BATCH_PER_GPU / 367, ("resnet50", "amp"): 1e3 * BATCH_PER_GPU / 1200}
+PARAMS = {"vgg16": 138357544, "resnet50": 25557032}  # torchvision's models at 224x224, 1000 classes
+V100_CODEC_GBS = 300  # a V100 sums or (de)quantises ~300 GB/s of floats (a third of its 900 GB/s HBM2)
+
+
+def bagua(a):
+    """Bagua's benchmark in the model: DDP (NCCL's ring, 25 MB buckets, overlapped) against ByteGrad, per
+    model, precision and link rate, with the cluster laid out two ways: 16 ranks, one per node (a node's 8
+    GPUs reduce over NVLink, in no time against the network; its NIC carries what one rank per node sends,
+    as NCCL's rings and Bagua's hierarchical ByteGrad do), and 128 ranks, one per host (a flat job, every
+    GPU behind its own NIC, the 3:1 oversubscribed uplinks of the platform above the racks)."""
+    runs, keys = [], []
+    for model in PARAMS:
+        for prec in ("fp32", "amp"):
+            for plat in ("eth10", "eth100"):
+                for ranks in (GPUS // GPUS_PER_NODE, GPUS):
+                    for alg in ("ring", "bytegrad"):
+                        runs.append(["step", "--platform", platform_file(plat), "--ranks", str(ranks), "--algorithm",
+                                     alg, "--params", str(PARAMS[model]), "--compute-ms",
+                                     f"{V100_STEP_MS[(model, prec)]:.4g}", "--bucket-mb", "25", "--codec-gbs",
+                                     str(V100_CODEC_GBS)])
+                        keys.append((model, prec, plat, ranks, alg))
+    results = dict(zip(keys, run_all(a.sim, a.calibration, a.jobs, runs)))
+    rows = []
+    for (model, prec, plat, ranks, alg), r in results.items():
+        if alg != "ring":
+            continue
+        ring, bg = r["step_ms"], results[(model, prec, plat, ranks, "bytegrad")]["step_ms"]
+        ips = lambda ms: GPUS * BATCH_PER_GPU / (ms / 1e3)  # noqa: E731
+        rows.append({"model": model, "precision": prec, "platform": plat, "ranks": ranks,
+                     "compute_ms": V100_STEP_MS[(model, prec)], "ddp_step_ms": ring, "bytegrad_step_ms": bg,
+                     "ddp_img_s": ips(ring), "bytegrad_img_s": ips(bg), "ratio": ring / bg})
+    print("| model | precision | link | ranks | compute ms | DDP img/s | ByteGrad img/s | ByteGrad / DDP |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['precision']} | {r['platform']} | {r['ranks']} | {r['compute_ms']:.0f} | "
+              f"{r['ddp_img_s']:,.0f} | {r['bytegrad_img_s']:,.0f} | {r['ratio']:.2f}x |")
+    print(f"\nBagua's figure at 10 Gbit/s (VGG-16, 128 V100): DDP {BAGUA_10G['ddp']:,.0f} img/s, ByteGrad "
+          f"{BAGUA_10G['bytegrad']:,.0f} img/s: {BAGUA_10G['bytegrad'] / BAGUA_10G['ddp']:.2f}x")
+    write_json(a.out, {"gpus": GPUS, "gpus_per_node": GPUS_PER_NODE, "batch_per_gpu": BATCH_PER_GPU,
+                       "v100_step_ms": {f"{m}/{p}": v for (m, p), v in V100_STEP_MS.items()},
+                       "codec_gbs": V100_CODEC_GBS, "bagua_10gbit_img_s": BAGUA_10G, "rows": rows})
+    return 0
+
+
 def write_json(path, data):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
@@ -397,7 +457,7 @@ def write_json(path, data):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["check", "sweep", "validate", "report"])
+    ap.add_argument("command", choices=["check", "sweep", "validate", "bagua", "report"])
     ap.add_argument("--sim", default=os.path.join(ROOT, "build/hpc/sim/sinew-sim"))
     ap.add_argument("--calibration", default=CALIBRATION)
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
@@ -417,6 +477,9 @@ def main():
     if a.command == "validate":
         a.out = a.out or a.validation
         return validate(a)
+    if a.command == "bagua":
+        a.out = a.out or os.path.join(HERE, "results", "bagua.json")
+        return bagua(a)
     import report  # matplotlib only where plots are drawn
     return report.main(a)
 

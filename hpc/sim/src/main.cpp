@@ -71,7 +71,7 @@ int run(int argc, char** argv) {
   }
   std::string calibration, platform = "local", algorithm = "ring", mode = "in-place", failure = "process";
   int ranks = 4, fit_ranks = 4;
-  double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0;
+  double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0, codec_gbs = 0;
   Options o;
   po::options_description d("sinew-sim " + what);
   d.add_options()("calibration", po::value(&calibration)->required(), "calibrate.py's measurements (JSON)")(
@@ -87,6 +87,9 @@ int run(int argc, char** argv) {
       "compute-ms", po::value(&compute_ms),
       "workload: one step's computation per rank, ms (default: calibrated)")(
       "bucket-mb", po::value(&bucket_mb), "workload: gradient bucket size in MB (default: Sinew's 4)")(
+      "codec-gbs", po::value(&codec_gbs),
+      "GB/s of floats at which a rank sums, quantises and dequantises buffers (default: the calibration "
+      "core's; a GPU's for a GPU workload)")(
       "overhead-ms-per-mparam", po::value(&overhead)->default_value(0),
       "CPU ms per step and million parameters beyond the simulated work (sim.py fits it per algorithm)")(
       "sample", po::value(&o.sample)->default_value(o.sample),
@@ -112,7 +115,11 @@ int run(int argc, char** argv) {
   if (o.sample < 0 || o.tree_segments < 1)
     throw std::invalid_argument("--sample >= 0 and --tree-segments >= 1");
 
-  const Calibration cal = fit(read_json(calibration), fit_ranks);
+  Calibration cal = fit(read_json(calibration), fit_ranks);
+  if (vm.count("codec-gbs") != 0) {
+    if (codec_gbs <= 0) throw std::invalid_argument("--codec-gbs must be > 0");
+    cal.costs.reduce_Bps = cal.costs.encode_Bps = cal.costs.decode_Bps = codec_gbs * 1e9;
+  }
   if (what == "fit") {
     std::cout << json{{"workload", {{"params", cal.workload.params}, {"compute_s", cal.workload.compute_s}}},
                       {"fitted", cal.fitted}}
