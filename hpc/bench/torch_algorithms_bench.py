@@ -2,7 +2,7 @@
 """Bagua's bandwidth table on PyTorch models: every Sinew algorithm against DDP and its hooks, on the shaped bed.
 
     sudo "$SINEW_TORCH_VENV/bin/python" hpc/bench/torch_algorithms_bench.py \\
-        [--rates unlimited,1gbit,100mbit] [--models resnet18,vgg16,transformer] [--steps 5] [--warmup 2] \\
+        [--rates unlimited,1gbit,100mbit] [--models resnet18,vgg16,transformer] [--steps 3] [--slow-steps 2] \\
         [--only NAME,...] [--out DIR]
 
 On the test bed of hpc/net/ (4 network namespaces, one rank each, every link shaped to the rate with tc tbf),
@@ -52,15 +52,21 @@ SINEW = {
     "bytegrad-4bit": ["--algorithm", "bytegrad", "--error-feedback", "true", "--bytegrad-bits", "4"],
     "powersgd": ["--algorithm", "powersgd", "--powersgd-rank", str(POWERSGD_RANK),
                  "--powersgd-warmup-steps", str(WARMUP_ALGO)],
-    # A timing run: after a 2-step warm-up, Adam's variance is frozen almost at zero and VGG-16 (no BatchNorm)
-    # went to NaN within 5 steps at lr 1e-3; the step's cost does not depend on the values, so a small lr.
+    # A timing run with a 2-step warm-up (Bagua's is 100): the frozen variances are those of the first two
+    # steps, and Adam's steps on VGG-16 (no BatchNorm) grew without bound from lr 1e-4 up, in Sinew as in an
+    # exact torch emulation of the update (no quantisation). The step's cost does not depend on the values.
     "qadam": ["--algorithm", "qadam", "--optimizer", "adam", "--lr", "1e-5",
               "--qadam-warmup-steps", str(WARMUP_ALGO)],
     "decentralized": ["--algorithm", "decentralized", "--peer-selection", "shift_one"],
     "low-precision-decentralized": ["--algorithm", "low_precision_decentralized"],
     "async": ["--algorithm", "async", "--sync-interval-ms", "100"],
-    "auto": ["--algorithm", "auto"],
+    # auto's PowerSGD or QAdam with the same short warm-up as theirs above (its defaults are 10 and 100 exact
+    # steps, which a short timing run would measure instead)
+    "auto": ["--algorithm", "auto", "--powersgd-warmup-steps", str(WARMUP_ALGO),
+             "--qadam-warmup-steps", str(WARMUP_ALGO)],
 }
+# The configurations whose first WARMUP_ALGO steps are exact: their timed steps start after those.
+WARMING = {"powersgd", "qadam", "auto", "ddp-powersgd"}
 PEERS = ["ddp", "ddp-fp16", "ddp-powersgd", "ddp-zero"]
 ALL = ["compute-only"] + list(SINEW) + PEERS
 
@@ -154,12 +160,25 @@ def tx_total():
     return sum(int(line.split()[1]) for line in out.splitlines() if line.strip())
 
 
+def rate_bits(rate):
+    """The link rate in bit/s of a testbed.sh rate ("100mbit", "1gbit"); unlimited: infinite."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, factor in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * factor
+    return float("inf")
+
+
 def run_one(args, rate, model, name):
     """One configuration on the bed as it is: its row."""
+    # Warm-up: the algorithms' exact steps, then one more (the first steps allocate); timed steps: fewer on
+    # slow links, where one step of an exact allreduce takes seconds and varies by little.
+    warmup = WARMUP_ALGO + args.warmup if name in WARMING else args.warmup
+    steps = args.slow_steps if rate_bits(rate) <= 100e6 else args.steps
     with tempfile.TemporaryDirectory() as d:
         os.chmod(d, 0o777)
         me = [sys.executable, os.path.abspath(__file__), "--worker", "--name", name, "--model", model,
-              "--steps", str(args.steps), "--warmup", str(args.warmup), "--dir", d]
+              "--steps", str(steps), "--warmup", str(warmup), "--dir", d]
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
                    PYTHONPATH=os.pathsep.join([os.path.join(args.build, "python")] +
                                               [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -172,8 +191,8 @@ def run_one(args, rate, model, name):
                 sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
                 raise SystemExit(f"{name} {model} at {rate}: exit {out.returncode}")
             events = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl")) if line.strip()]
-            steps = [e for e in events if "step_ms" in e and "event" not in e and e["step"] > args.warmup]
-            step_ms = statistics.median(e["step_ms"] for e in steps)
+            timed = [e for e in events if "step_ms" in e and "event" not in e and e["step"] > warmup]
+            step_ms = statistics.median(e["step_ms"] for e in timed)
             chosen = [e["chosen"] for e in events if e.get("event") == "algorithm"]
         else:
             port = 20000 + (os.getpid() + int(t0)) % 20000  # a fresh port per run (a reused one hung gloo once)
@@ -197,9 +216,9 @@ def run_one(args, rate, model, name):
             step_ms = statistics.median(
                 statistics.median(json.load(open(os.path.join(d, f"rank{k}.json")))["step_ms"]) for k in files)
             chosen = []
-        wire = (tx_total() - before) / RANKS / (args.warmup + args.steps)
+        wire = (tx_total() - before) / RANKS / (warmup + steps)
     row = {"model": model, "rate": rate, "name": name, "impl": "sinew" if name in SINEW else "torch",
-           "batch_per_rank": BATCH[model], "step_ms": step_ms,
+           "batch_per_rank": BATCH[model], "warmup_steps": warmup, "timed_steps": steps, "step_ms": step_ms,
            "samples_per_s": RANKS * BATCH[model] / (step_ms / 1e3), "wire_bytes_per_step": wire,
            "run_s": time.time() - t0}
     if chosen:
@@ -254,8 +273,10 @@ def main():
     p.add_argument("--rates", default="unlimited,1gbit,100mbit")
     p.add_argument("--models", default="resnet18,vgg16,transformer")
     p.add_argument("--only", default="", help="configurations to run (names as in the table), default all")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per run (after --warmup)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per run (after the warm-up)")
+    p.add_argument("--slow-steps", type=int, default=2, help="timed steps per run at 100 Mbit/s and below")
+    p.add_argument("--warmup", type=int, default=1,
+                   help=f"untimed steps per run (after the {WARMUP_ALGO} exact ones of PowerSGD, QAdam, auto)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--out", default=os.path.join(ROOT, "hpc", "bench", "results"))
     p.add_argument("--build", default=os.environ.get("SINEW_BUILD_DIR", os.path.join(ROOT, "build")))
@@ -270,8 +291,8 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    if args.warmup <= WARMUP_ALGO:
-        raise SystemExit(f"--warmup must exceed the algorithms' warm-up of {WARMUP_ALGO} steps")
+    if args.warmup < 1 or args.steps < 1 or args.slow_steps < 1:
+        raise SystemExit("--warmup, --steps and --slow-steps must be at least 1")
     names = [n for n in args.only.split(",") if n] or ALL
     unknown = [n for n in names if n not in ALL]
     if unknown:
@@ -290,7 +311,7 @@ def main():
         # After every run, so that an interrupted benchmark leaves what it measured, marked incomplete.
         with open(path + ".tmp", "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "ranks": RANKS,
-                       "steps": args.steps, "warmup": args.warmup, "wall_s": time.time() - t_start,
+                       "steps": args.steps, "slow_steps": args.slow_steps, "warmup": args.warmup, "wall_s": time.time() - t_start,
                        "complete": complete, "rows": rows, "failures": failures,
                        "goals": [{"goal": t, "met": ok} for t, ok in checked]}, f, indent=1)
         os.replace(path + ".tmp", path)
