@@ -15,10 +15,10 @@ import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torchvision
 
 import sinew
+from sinew.steps import classifier
 
 DEFAULTS = {"--epochs": 3, "--batch-size": 32, "--lr": 0.05, "--momentum": 0.9, "--weight-decay": 5e-4,
             "--lr-schedule": "cosine", "--warmup-steps": 100}
@@ -51,21 +51,7 @@ def main():
     if job.rank == 0:
         print(f"[train_resnet] {about}; {model.describe()}", flush=True)
 
-    def train_step(indices):
-        idx = torch.tensor(indices, device=train_x.device)
-        loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
-        loss.backward()
-        return loss.item()
-
-    def evaluate(first, last):
-        loss, correct = 0.0, 0
-        for s in range(first, last, 500):
-            x, y = test_x[s:min(s + 500, last)], test_y[s:min(s + 500, last)]
-            out = model(x)
-            loss += F.cross_entropy(out, y, reduction="sum").item()
-            correct += int((out.argmax(1) == y).sum())
-        return loss, correct
-
+    train_step, evaluate = classifier(model, train_x, train_y, test_x, test_y)
     summary = job.run(model, len(train_x), train_step, evaluate, len(test_x))
     if job.rank == 0 and not summary["left"]:
         print(f"[train_resnet] done: test accuracy {100 * summary['test_accuracy']:.2f}% after "

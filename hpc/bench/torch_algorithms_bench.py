@@ -86,6 +86,7 @@ def worker(args):
     x, y = torch_bench.batches(args.model, total * batch * max(world, 1), batch)
     if args.name in SINEW:
         import sinew
+        from sinew.steps import classifier
         lr = [] if "--lr" in SINEW[args.name] else ["--lr", "0.01"]
         opts = ["--max-steps", str(total), "--epochs", "1", "--batch-size", str(batch), "--lr-schedule",
                 "constant", "--warmup-steps", "0", "--log-every", "1", "--progress", "false", "--metrics",
@@ -93,12 +94,7 @@ def worker(args):
         job = sinew.Job(opts)
         model = job.wrap(torch_bench.build(args.model), args.model)
 
-        def step(indices):
-            idx = torch.tensor(indices)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            return loss.item()
-
+        step, _ = classifier(model, x, y)
         summary = job.run(model, len(x), step)
         job.exit(summary["exit_code"])
     model = torch_bench.build(args.model)

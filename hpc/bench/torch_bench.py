@@ -113,18 +113,14 @@ def worker(args):
         write_result(args, rank, result)
         return 0
     import sinew
+    from sinew.steps import classifier
     job = sinew.Job(["--max-steps", str(total), "--epochs", "1", "--batch-size", str(args.batch), "--lr", "0.01",
                      "--lr-schedule", "constant", "--warmup-steps", "0", "--algorithm", "gradient_allreduce",
                      "--allreduce", "ring", "--log-every", "1", "--progress", "false", "--metrics", args.metrics,
                      "--log-level", "warn"])
     model = job.wrap(build(args.model), args.model)
 
-    def step(indices):
-        idx = torch.tensor(indices)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        loss.backward()
-        return loss.item()
-
+    step, _ = classifier(model, x, y)
     summary = job.run(model, len(x), step)
     write_result(args, job.rank, {"rank": job.rank, "rss_mb": rss_mb()})
     job.exit(summary["exit_code"])

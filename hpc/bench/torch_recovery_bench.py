@@ -47,20 +47,15 @@ MODES = ["sinew in place", "sinew spare", "sinew restart", "torchrun"]
 def sinew_worker(options):
     """One rank of the Sinew job: ResNet-18 on synthetic data through the sinew package."""
     import torch
-    import torch.nn.functional as F
     import torch_bench
     import sinew
+    from sinew.steps import classifier
     torch.set_num_threads(1)
     job = sinew.Job(options)
     x, y = torch_bench.batches("resnet18", 64 * BATCH * RANKS, BATCH)
     model = job.wrap(torch_bench.build("resnet18"), "resnet18")
 
-    def step(indices):
-        idx = torch.tensor(indices)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        loss.backward()
-        return loss.item()
-
+    step, _ = classifier(model, x, y)
     summary = job.run(model, len(x), step)
     job.exit(summary["exit_code"])
 
