@@ -5,6 +5,9 @@ configuration at every link rate, the compute-only limit as a line per rate.
 Usage: plot_torch_algorithms.py [RESULTS.json] [OUT_DIR]
        (defaults: hpc/bench/results/torch_algorithms.json, docs/img; writes torch_algorithms_<model>.png)
        plot_torch_algorithms.py --markdown [RESULTS.json]   the tables of docs/benchmarks.md
+       plot_torch_algorithms.py --accuracy [ACCURACY.json] [OUT_DIR]
+           torch_accuracy_bench.py's results (default hpc/bench/results/torch_accuracy.json): its table in
+           markdown, and torch_accuracy.png (test accuracy of every run, its reference's as a line)
 """
 import json
 import os
@@ -46,7 +49,52 @@ def markdown(data):
             print(f"| {label} | " + " | ".join(cells) + " |")
 
 
+def accuracy(data, out):
+    """The accuracy table (markdown) and bar chart: every run against DDP's (QAdam against DDP with Adam)."""
+    rows = data["rows"]
+    at = {r["name"]: r for r in rows}
+    order = [r["name"] for r in rows if r["impl"] == "torch"] + [r["name"] for r in rows if r["impl"] == "sinew"]
+
+    def reference(name):
+        return at.get("ddp-adam" if name.split("@")[0] == "qadam" else "ddp")
+
+    print(f"| run | test accuracy after {data['epochs']} epoch(s) | − reference's | reference |")
+    print("|---|---:|---:|---|")
+    for n in order:
+        r, ref = at[n], reference(n)
+        diff = f"{100 * (r['test_accuracy'] - ref['test_accuracy']):+.2f}" if ref and ref is not r else ""
+        label = f"**{n}**" if r["impl"] == "sinew" else n
+        print(f"| {label} | {100 * r['test_accuracy']:.2f} % | {diff} | {ref['name'] if ref and diff else ''} |")
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ys = [100 * at[n]["test_accuracy"] for n in order]
+    bars = ax.barh(range(len(order)), ys, color=["#999999" if at[n]["impl"] == "torch" else "#1f77b4"
+                                                 for n in order])
+    for b, y in zip(bars, ys):
+        ax.text(y + 0.05, b.get_y() + b.get_height() / 2, f"{y:.2f}", va="center", fontsize=8)
+    if "ddp" in at:
+        ax.axvline(100 * at["ddp"]["test_accuracy"], color="black", linestyle="--", linewidth=0.8)
+    ax.set_yticks(range(len(order)))
+    ax.set_yticklabels(order, fontsize=8)
+    ax.invert_yaxis()
+    lo = min(ys)
+    ax.set_xlim(max(0, lo - 3), min(100, max(ys) + 1.5))
+    ax.set_xlabel("test accuracy, %")
+    ax.set_title(f"ResNet-18 on Fashion-MNIST, {data['epochs']} epoch(s), 4 ranks: Sinew (blue) and DDP (grey); "
+                 "dashed: DDP", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "torch_accuracy.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(path, file=sys.stderr)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--accuracy":
+        src = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "hpc", "bench", "results",
+                                                                 "torch_accuracy.json")
+        accuracy(json.load(open(src)), sys.argv[3] if len(sys.argv) > 3 else os.path.join(ROOT, "docs", "img"))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--markdown":
         src = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "hpc", "bench", "results",
                                                                  "torch_algorithms.json")
