@@ -428,15 +428,23 @@ TEST(PowerSGD, ErrorFeedbackConservesWhatWentInOverSteps) {
 
 // ---- QAdam -----------------------------------------------------------------------------------------------
 
-TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
+/// QAdam with `warmup_steps` exact steps and the run's Adam settings: the algorithm's options and Adam's.
+std::pair<algo::AlgorithmOptions, optim::OptimizerOptions> qadam(std::int64_t warmup_steps) {
   auto o = named("qadam");
-  o.qadam_warmup_steps = 3;
+  o.qadam_warmup_steps = warmup_steps;
   o.chunk = 128;
   optim::OptimizerOptions adam;
   adam.name = "adam";
   o.beta1 = adam.beta1;
   o.beta2 = adam.beta2;
   o.eps = adam.eps;
+  return {o, adam};
+}
+
+TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
+  const auto options = qadam(3);  // not a structured binding: lambdas below capture `o`
+  const algo::AlgorithmOptions& o = options.first;
+  const optim::OptimizerOptions& adam = options.second;
   const int n = world_size();
   const float lr = 0.01f;
   const auto p0 = values(dyadic, 5, 0);  // replicated: the same on every rank
@@ -514,14 +522,9 @@ TEST(QAdam, IsPlainAdamDuringWarmUpThenTheFrozenVarianceUpdateWithinTheBound) {
 }
 
 TEST(QAdam, ACoordinateWithoutGradientInTheWarmUpStepsLikeItsTensor) {
-  auto o = named("qadam");
-  o.qadam_warmup_steps = 2;
-  o.chunk = 128;
-  optim::OptimizerOptions adam;
-  adam.name = "adam";
-  o.beta1 = adam.beta1;
-  o.beta2 = adam.beta2;
-  o.eps = adam.eps;
+  const auto options = qadam(2);  // not a structured binding: lambdas below capture `o`
+  const algo::AlgorithmOptions& o = options.first;
+  const optim::OptimizerOptions& adam = options.second;
   const float lr = 0.01f;
   Rig r(o, adam, values(dyadic, 5, 0), std::vector<float>(kParams, 0.f), kLayers);
   // Dead during the warm-up: half of fc1/weight (units of a ReLU layer that nothing activated) and the
@@ -545,7 +548,9 @@ TEST(QAdam, ACoordinateWithoutGradientInTheWarmUpStepsLikeItsTensor) {
     if (s == o.qadam_warmup_steps) {
       v_warm = r.state("adam_v");
       for (std::size_t i = 0; i < kParams; ++i) {
-        if (dead(i)) ASSERT_EQ(v_warm[i], 0.f) << i;
+        if (dead(i)) {
+          ASSERT_EQ(v_warm[i], 0.f) << i;
+        }
       }
     }
     if (s <= o.qadam_warmup_steps) continue;
