@@ -180,7 +180,8 @@ class Algorithm {
  protected:
   explicit Algorithm(Context ctx)
       : ctx_(std::move(ctx)), params_(ctx_.workload.params()), grads_(ctx_.workload.grads()) {}
-  /// Averages params and optimiser state over the group (a plain allreduce, then / size).
+  /// Averages params and optimiser state over the group (our ring's sum, then / size): afterwards every rank
+  /// holds the same bits.
   void average_state();
 
   Context ctx_;

@@ -301,7 +301,9 @@ struct Session::Impl {
 
   std::pair<std::size_t, std::size_t> begin_evaluation(std::size_t n) {
     auto& f = fabric();
-    f.algorithm().consensus();  // evaluate the group's one model
+    // Evaluate the group's one model. n, the test set's size, is the same on every rank: with none there is
+    // nothing to evaluate, and a consensus of a large model on a slow link takes a minute.
+    if (n > 0) f.algorithm().consensus();
     const auto r = static_cast<std::size_t>(f.rank());
     const auto w = static_cast<std::size_t>(f.size());
     return {n * r / w, n * (r + 1) / w};
@@ -311,14 +313,17 @@ struct Session::Impl {
     auto& f = fabric();
     double sums[3] = {s.loss, static_cast<double>(s.correct), static_cast<double>(count)};
     f.backend().allreduce_sync(comm::Buffer::of(std::span<double>(sums)), comm::ReduceOp::kSum, setup.op);
+    const bool tested = sums[2] > 0;  // no test set: no accuracy to report
     const double test_loss = sums[0] / std::max(sums[2], 1.0);
     const double test_acc = sums[1] / std::max(sums[2], 1.0);
-    sum.test_accuracy = test_acc;
-    sum.test_loss = test_loss;
     sum.epochs = static_cast<int>(sampler.epoch()) + 1;
-    events.emit(EvalEvent{sampler.epoch(), step(), f.size(), test_acc, test_loss});
+    if (tested) {
+      sum.test_accuracy = test_acc;
+      sum.test_loss = test_loss;
+      events.emit(EvalEvent{sampler.epoch(), step(), f.size(), test_acc, test_loss});
+    }
     if (sampler.epoch_done()) {
-      if (f.rank() == 0) {
+      if (f.rank() == 0 && tested) {
         spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1,
                      100 * test_acc, test_loss);
       }
