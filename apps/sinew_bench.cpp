@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -55,6 +56,7 @@
 #include "sinew/model/workload.hpp"
 #include "sinew/mpi/check.hpp"
 #include "sinew/mpi/environment.hpp"
+#include "sinew/train/state_mirror.hpp"
 #include "sinew/train/trainer.hpp"
 #if SINEW_HAVE_CUDA
 #include "sinew/comm/nccl/api.hpp"
@@ -725,6 +727,63 @@ int bench_new_comm(const std::vector<std::string>& args, const mpi::Communicator
   return 0;
 }
 
+/// The cost of keeping the state in node memory (--state-mirror): one StateMirror::write of parameters and
+/// momentum per step, against a plain copy of the same bytes into a private buffer (the least any copy
+/// costs), median of --reps, one process (rank 0).
+int bench_state_mirror(const std::vector<std::string>& args, const mpi::Communicator& world) {
+  std::int64_t count = 669706;  // the parameters of the MLP 784-512-512-10
+  std::string dir = "/dev/shm";
+  int reps = 50;
+  po::options_description d("sinew-bench state-mirror");
+  d.add_options()("count", po::value(&count)->default_value(count),
+                  "parameters (the momentum is as large; default: the MLP's; ResNet-18 has 11181642)")(
+      "dir", po::value(&dir)->default_value(dir), "where the mirror's directory is made (a tmpfs)")(
+      "reps", po::value(&reps)->default_value(reps), "writes timed");
+  if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+    if (world.rank() == 0) std::cout << d;
+    return 0;
+  }
+  parse_options(args, d, "state-mirror");
+  if (count < 1 || reps < 1)
+    SINEW_THROW(InvalidArgument, "sinew-bench state-mirror: need --count >= 1, --reps >= 1");
+  if (world.rank() != 0) return 0;
+  const auto n = static_cast<std::size_t>(count);
+  std::vector<float> params(n, 1.f), momentum(n, 2.f), copy(2 * n);
+  const NamedSpans tensors{{"params", params}, {"optim/momentum", momentum}};
+  const std::string sub =
+      (std::filesystem::path(dir) / fmt::format("sinew-bench-mirror-{}", ::getpid())).string();
+  train::StateMirror mirror(sub, train::StateMirror::layout_hash(tensors, 1, 1));
+  train::Position pos;
+  auto median_ms = [&](auto&& f) {
+    f();  // first touch
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = Clock::now();
+      f();
+      t.push_back(seconds_since(t0) * 1e3);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  bool ok = true;
+  const double mirror_ms = median_ms([&] {
+    ++pos.step;
+    ok = mirror.write(pos, tensors) && ok;
+  });
+  const double copy_ms = median_ms([&] {
+    std::memcpy(copy.data(), params.data(), n * sizeof(float));
+    std::memcpy(copy.data() + n, momentum.data(), n * sizeof(float));
+  });
+  mirror.remove();
+  std::filesystem::remove(sub);
+  if (!ok) SINEW_THROW(InvalidArgument, "sinew-bench state-mirror: cannot write a mirror in {}", dir);
+  std::printf("# sinew-bench state-mirror: %lld parameters + momentum (%.1f MB) into %s, median of %d\n",
+              static_cast<long long>(count), 8.0 * static_cast<double>(n) / 1e6, dir.c_str(), reps);
+  std::printf("%12s %12s %10s\n", "mirror_ms", "memcpy_ms", "ratio");
+  std::printf("%12.3f %12.3f %10.2f\n", mirror_ms, copy_ms, mirror_ms / copy_ms);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -733,7 +792,8 @@ int main(int argc, char** argv) {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") {
       if (apps::launcher_rank() == 0) {
         std::puts(
-            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint|quantize|load-data|new-comm "
+            "usage: mpirun -n N sinew-bench allreduce|train-step|checkpoint|quantize|load-data|new-comm|"
+            "state-mirror "
             "[options] "
             "(--help after the name lists them)");
       }
@@ -742,10 +802,10 @@ int main(int argc, char** argv) {
     const std::string what = args[0];
     args.erase(args.begin());
     if (what != "allreduce" && what != "train-step" && what != "checkpoint" && what != "quantize" &&
-        what != "load-data" && what != "new-comm") {
+        what != "load-data" && what != "new-comm" && what != "state-mirror") {
       SINEW_THROW(InvalidArgument,
                   "sinew-bench: unknown benchmark '{}'; use allreduce, train-step, checkpoint, quantize, "
-                  "load-data or new-comm",
+                  "load-data, new-comm or state-mirror",
                   what);
     }
     mpi::Environment env(&argc, &argv);
@@ -755,6 +815,7 @@ int main(int argc, char** argv) {
     if (what == "quantize") return bench_quantize(args, world);
     if (what == "load-data") return bench_load_data(args, world);
     if (what == "new-comm") return bench_new_comm(args, world);
+    if (what == "state-mirror") return bench_state_mirror(args, world);
     return what == "allreduce" ? bench_allreduce(args, world) : bench_train_step(args, world);
   });
 }

@@ -363,6 +363,31 @@ EOF
     grep -q '"generation":1' "$d/supervise.jsonl" || { echo "FAIL $scenario: no relaunch happened"; tail -n 30 "$d/out.txt"; exit 1; }
     check $rc --event resume --final-world-size 3
     ;;
+  repair-deadline)
+    # A repair call that never returns (Open MPI 5.0.7's shrink can hang in the ERA agreement): rank 1 dies,
+    # and rank 2 stops, alive, at the start of the recovery, so that the others wait for it in their shrink
+    # for ever. Every process's repair deadline (3 s to notice a silent member + 5 s + 10 ms per process) ends
+    # it: the three exit with code 75, and the supervisor relaunches the job on the 3 slots left. The relaunch
+    # loads the checkpoint of step 25, then the newer state the node kept in memory (--state-mirror, which
+    # the supervisor passes): it goes on after step 29, the last one completed. The job ends done, with the
+    # audit exact, well before the scenario's deadline.
+    timeout -k 5 200 "$root/mpi_scripts/sinew-supervise" -n $n --events "$d/supervise.jsonl" -- "$train" \
+      "${common[@]}" --timeout-ms 30000 --stall-timeout-ms 3000 --inject-fault 1:forward:30 \
+      --inject-fault 2:recovery-hang:30 >"$d/out.txt" 2>&1
+    rc=$?
+    n_left=$(grep -ac "did not return within 8.0 s: stuck inside the MPI library" "$d/out.txt")
+    [ "$n_left" -eq 3 ] || { echo "FAIL $scenario: $n_left processes passed their repair deadline (expected 3)"; tail -n 30 "$d/out.txt"; exit 1; }
+    grep -q '"generation":1' "$d/supervise.jsonl" || { echo "FAIL $scenario: no relaunch happened"; tail -n 30 "$d/out.txt"; exit 1; }
+    python3 - "$d/metrics.jsonl" <<'EOF' || { tail -n 30 "$d/out.txt"; exit 1; }
+import json, sys
+resumes = [e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "resume"]
+memory = [e for e in resumes if e["path"].endswith(".bin")]
+if not memory or memory[-1]["step"] != 29:
+    sys.exit(f"FAIL repair-deadline: no resume from the node's memory at step 29: {resumes}")
+print(f"resumed from {memory[-1]['path']} at step 29 (the checkpoint: step {resumes[0]['step']})")
+EOF
+    check $rc --event resume --final-world-size 3
+    ;;
   *)
     echo "unknown scenario '$scenario'" >&2
     exit 2

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <thread>
 
 #include "sinew/core/error.hpp"
 
@@ -21,7 +22,9 @@ bool parse_int(std::string_view s, T& out) {
 }
 
 /// Points whose step is "this one or any later one".
-bool from_then_on(Point p) { return p == Point::kRecovery || p == Point::kSpawn; }
+bool from_then_on(Point p) {
+  return p == Point::kRecovery || p == Point::kRecoveryHang || p == Point::kSpawn;
+}
 
 }  // namespace
 
@@ -58,6 +61,14 @@ void Plan::at(Point point, std::int64_t step) const {
     if (from_then_on(point) ? step < f.step : step != f.step) continue;
     const double now =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (point == Point::kRecoveryHang) {
+      fmt::print(stderr,
+                 "[sinew] injected fault: launch rank {} stops at the start of a recovery at step {}, alive, "
+                 "as a repair call that never returns (unix_time {:.6f})\n",
+                 f.rank, step, now);
+      std::fflush(stderr);
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     fmt::print(stderr,
                "[sinew] injected fault: killing launch rank {} at phase {} of step {} (unix_time {:.6f})\n",
                f.rank, name_of(kPointNames, point), step, now);

@@ -2,6 +2,9 @@
 //
 // A fault is "RANK:POINT:STEP": the process that had launch rank RANK (its rank in MPI_COMM_WORLD at
 // start; spawned processes have none) raises SIGKILL, as a crash would, when it reaches POINT at STEP.
+// One point stops the process instead of killing it: recovery-hang blocks it for ever at the start of a
+// recovery, alive, as a repair call that never returns inside the MPI library would (the others wait for
+// it in their shrink); the repair deadlines (membership/repair_watch.hpp) must end that.
 // Specs are parsed and validated once, with the other options, before MPI starts (parse_fault); a Plan
 // holds this process's faults and is passed to the layers that have points (train, membership,
 // checkpoint). A relaunched job (restart generation > 0) gets an empty plan: it must not die the same way
@@ -9,7 +12,7 @@
 //
 // What STEP means depends on the point:
 //   forward, backward, allreduce, optimizer   the step being trained (1-based)
-//   recovery, spawn                           the step being trained or any later one (a recovery or a
+//   recovery, recovery-hang, spawn            the step being trained or any later one (a recovery or a
 //                                             growth happens between steps, possibly several times)
 //   before-shard-data, after-shard-data,      the step of the checkpoint being written; before-manifest
 //   before-fsync, before-manifest,            and before-rename only run on the rank that commits (rank 0
@@ -31,6 +34,7 @@ enum class Point : std::uint8_t {
   kAllreduce,
   kOptimizer,
   kRecovery,
+  kRecoveryHang,
   kSpawn,
   kCheckpointWrite,  ///< a shorter name for kAfterShardData
   kBeforeShardData,
@@ -40,12 +44,13 @@ enum class Point : std::uint8_t {
   kBeforeCommit,
 };
 
-inline constexpr NameTable<Point, 12> kPointNames{{
+inline constexpr NameTable<Point, 13> kPointNames{{
     {Point::kForward, "forward"},
     {Point::kBackward, "backward"},
     {Point::kAllreduce, "allreduce"},
     {Point::kOptimizer, "optimizer"},
     {Point::kRecovery, "recovery"},
+    {Point::kRecoveryHang, "recovery-hang"},
     {Point::kSpawn, "spawn"},
     {Point::kCheckpointWrite, "checkpoint-write"},
     {Point::kBeforeShardData, "before-shard-data"},
@@ -73,7 +78,8 @@ class Plan {
   Plan(const std::vector<Fault>& faults, int launch_rank, int restart_generation);
 
   /// Kills this process (SIGKILL) if a fault names `point` at `step` (see the table above for what step
-  /// means). Prints one line to stderr first, with the wall-clock time of the kill (benchmarks read it).
+  /// means), or blocks it for ever at recovery-hang. Prints one line to stderr first, with the wall-clock
+  /// time of the kill (benchmarks read it).
   void at(Point point, std::int64_t step) const;
 
   [[nodiscard]] bool empty() const noexcept { return faults_.empty(); }

@@ -20,6 +20,7 @@
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
+#include "sinew/membership/repair_watch.hpp"
 #include "sinew/mpi/check.hpp"
 #include "sinew/mpi/environment.hpp"
 #if SINEW_HAVE_ULFM
@@ -256,15 +257,18 @@ ShrinkReport Group::shrink(const RecoveryHook& hook) {
   if (live_) live_->recovering();
   for (;;) {
     ++rep.attempts;
+    auto deadline = repair_guard(fmt::format("revoke and shrink (attempt {})", rep.attempts));
     if (hook) hook(rep.attempts);
     MPI_Comm next = revoke_and_shrink(comm_.get(), rep);
     comm_.destroy();
     adopt(mpi::Communicator(next));
     ++epoch_;
+    deadline = repair_guard(fmt::format("agreement on the shrunk group (attempt {})", rep.attempts));
     const auto t = Clock::now();
     int flag = 1;
     const int arc = MPIX_Comm_agree(comm_.get(), &flag);
     rep.agree_ms += ms_since(t);
+    deadline.release();
     if (arc == MPI_SUCCESS) break;
     // A member of the shrunk view died before the agreement: acknowledge and shrink again.
     spdlog::warn("a member failed during recovery (attempt {}): {}; recovering again", rep.attempts,
@@ -332,6 +336,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
   // ompi_dpm_connect_accept's fragment callback, about 1 run in 10).
   MPI_Comm spawn_comm = comm_.get();
   if (ft) {
+    const auto dup_deadline = repair_guard("the communicator duplicate for a spawn");
     const int drc = MPI_Comm_dup(comm_.get(), &spawn_comm);
     if (drc != MPI_SUCCESS) {
       if (info != MPI_INFO_NULL) MPI_Info_free(&info);
@@ -393,7 +398,9 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
     // A member may have died during the spawn: then the spawn succeeded at some members only. Agree
     // (fault-tolerantly) before merging; on failure, revoke the new processes' link so that they stop.
     int flag = why.empty() ? 1 : 0;
+    auto agree_deadline = repair_guard("the agreement on a spawn's outcome");
     const int arc = MPIX_Comm_agree(comm_.get(), &flag);
+    agree_deadline.release();
     if (arc != MPI_SUCCESS || flag == 0) {
       if (arc != MPI_SUCCESS) {
         // A member died: an abandoned helper still in the spawn's collectives waits for it in vain.
@@ -422,6 +429,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
   }
   rep.spawn_ms = ms_since(t);
   t = Clock::now();
+  auto merge_deadline = repair_guard("the merge with the spawned processes");
   MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
   const int grc = tell_new_processes(inter, true);
   if (grc != MPI_SUCCESS) MPI_Comm_free(&inter);
@@ -434,6 +442,7 @@ GrowReport Group::grow(int n, std::chrono::milliseconds deadline, const std::fun
   std::uint64_t epoch = epoch_ + 1;
   SINEW_MPI(MPI_Bcast(&epoch, 1, MPI_UINT64_T, 0, next.get()));
   rep.merge_ms = ms_since(t);
+  merge_deadline.release();
   comm_.destroy();
   adopt(std::move(next));
   epoch_ = epoch;
@@ -512,9 +521,11 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
   if (live_) live_->recovering();  // as in shrink(): runs on through the reform
   for (;;) {
     ++rep.attempts;
+    auto deadline = repair_guard(fmt::format("revoke and shrink of the pool (attempt {})", rep.attempts));
     if (hook && was_member) hook(rep.attempts);
     if (comm_.valid()) MPIX_Comm_revoke(comm_.get());  // members blocked in the view return
     pool_ = mpi::Communicator(revoke_and_shrink(pool_.get(), rep));
+    deadline = repair_guard(fmt::format("the new view's split and agreement (attempt {})", rep.attempts));
     const auto t = Clock::now();
     // Who is left, and what each was. A member's entry is the same in every attempt: it describes the
     // view before this change.
@@ -574,6 +585,7 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
     if (ok == 0) MPIX_Comm_revoke(pool_.get());
     const int arc = MPIX_Comm_agree(pool_.get(), &ok);
     rep.agree_ms += ms_since(t);
+    deadline.release();
     if (arc != MPI_SUCCESS || ok == 0) {
       if (next_pool != MPI_COMM_NULL) MPI_Comm_free(&next_pool);
       if (view != MPI_COMM_NULL) MPI_Comm_free(&view);
@@ -613,6 +625,13 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
 #endif
 }
 
+RepairWatch::Guard Group::repair_guard(std::string what) const {
+  // A silent member is noticed within the stall timeout (Liveness); without the detector, ULFM's own
+  // report of a dead process takes about as long as its default.
+  const auto detect = watch_.count() > 0 ? watch_ : kDefaultDetect;
+  return RepairWatch::process().arm(std::move(what), repair_deadline(size_ + spares(), detect));
+}
+
 void Group::watch(std::chrono::milliseconds timeout) {
   watch_ = timeout;
   rewatch();
@@ -635,7 +654,9 @@ void Group::rewatch() {
   unwatch();
   if (watch_.count() <= 0) return;
   const mpi::Communicator& over = pool_.valid() ? pool_ : comm_;
-  if (over.valid()) live_ = std::make_unique<Liveness>(over, watch_);
+  if (!over.valid()) return;
+  const auto deadline = repair_guard("the failure detector's set-up over the new view");
+  live_ = std::make_unique<Liveness>(over, watch_);
 }
 
 void Group::dismiss_spares() {
@@ -652,7 +673,9 @@ void Group::dismiss_spares() {
 void Group::split_leave(bool leaving) {
   unwatch();
   MPI_Comm next = MPI_COMM_NULL;
+  auto deadline = repair_guard("the split for leaving members");
   SINEW_MPI(MPI_Comm_split(comm_.get(), leaving ? MPI_UNDEFINED : 0, rank_, &next));
+  deadline.release();
   comm_.destroy();
   ++epoch_;
   if (leaving) {

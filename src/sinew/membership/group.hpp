@@ -10,6 +10,10 @@
 //            pool and splits the new view off it, so a failed member is replaced by a spare that is
 //            already running and has its data loaded, instead of a process being spawned
 //
+// Every MPI call of a change (revoke, shrink, agree, split, dup, merge, the detector's set-up) runs under
+// a deadline watched by another thread (repair_watch.hpp): past it the process exits with code 75 for a
+// relaunch instead of hanging in the MPI library.
+//
 // Every change increments the epoch. The view's communicator is only used by the group itself; traffic
 // (gradients, state, checkpoints) goes through backends built over it, rebuilt after every change.
 //
@@ -29,6 +33,7 @@
 #include "sinew/core/error.hpp"
 #include "sinew/core/names.hpp"
 #include "sinew/membership/liveness.hpp"
+#include "sinew/membership/repair_watch.hpp"
 #include "sinew/mpi/communicator.hpp"
 
 namespace sinew::membership {
@@ -243,6 +248,9 @@ class Group {
   // this process could tell), for the whole job: grow() does not spawn onto them.
   std::vector<std::string> silent_hosts_;
   void rewatch();
+  /// Arms the deadline of the repair call `what` (RepairWatch, repair_deadline() over the pool or view).
+  [[nodiscard]] RepairWatch::Guard repair_guard(std::string what) const;
+  static constexpr std::chrono::milliseconds kDefaultDetect{10000};
   void unwatch();      ///< notes the detector's silent hosts, then stops it
   void note_silent();  ///< adds the detector's silent hosts to silent_hosts_
 };

@@ -76,7 +76,8 @@ struct Config {
   int checkpoint_keep = 3;
   bool checkpoint_async = false;  ///< write periodic checkpoints on a background thread
   std::string resume = "auto";    ///< auto | never | PATH
-  double resume_wait_s = 30;      ///< --resume auto: how long missing files may take to reappear
+  std::string state_mirror;   ///< node-local copy of the newest state (train/state_mirror.hpp); empty: none
+  double resume_wait_s = 30;  ///< --resume auto: how long missing files may take to reappear
   // elasticity (docs/fault-tolerance.md)
   ElasticMode elastic = ElasticMode::kInplace;
   int min_ranks = 1;  ///< below this many ranks: checkpoint and stop (exit code 75)

@@ -7,12 +7,36 @@
 #include <string>
 
 #include "sinew/core/log.hpp"
+#include "sinew/membership/repair_watch.hpp"
 
 namespace sinew::train {
 
 namespace {
 
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
+
+/// Arms the deadline of a repair step over `group` (membership/repair_watch.hpp). Steps that move the model
+/// (building the backends, whose algorithm may exchange it; the state synchronisation) also get the
+/// collectives' own deadline, --timeout-ms: they are bounded by it already, the watch catches a call that
+/// never returns to check it.
+membership::RepairWatch::Guard repair_step(const Config& cfg, const membership::Group& group,
+                                           const char* what, bool moves_data) {
+  const auto detect = std::chrono::milliseconds(cfg.stall_timeout_ms > 0 ? cfg.stall_timeout_ms : 10000);
+  auto deadline = membership::repair_deadline(group.size() + group.spares(), detect);
+  if (moves_data) deadline += std::chrono::milliseconds(cfg.timeout_ms);
+  return membership::RepairWatch::process().arm(what, deadline);
+}
+
+/// Collective over `comm`: true on its lowest rank on this node (MPI_COMM_TYPE_SHARED).
+bool first_on_node(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+    SINEW_THROW(CommFailure, "a member failed while the group found its nodes (MPI_Comm_split_type)");
+  int r = 0;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  return r == 0;
+}
 
 double unix_now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -38,11 +62,15 @@ void ElasticController::connect() {
   // that the algorithm's own events (auto's decision) already go to the right place.
   log::set_rank(group_.rank(), group_.size());
   events_.on_view(group_.rank());
+  const auto deadline = repair_step(cfg_, group_, "building the backends over the group", true);
+  // One process per node keeps the node's copy of the state (state_mirror.hpp): the lowest rank there.
+  if (state_.mirrored()) state_.set_mirror_writer(first_on_node(group_.comm().get()));
   fabric_ = std::make_unique<Fabric>(group_, setup_);
 }
 
 double ElasticController::synchronise(bool after_failure) {
   const auto t = Clock::now();
+  const auto deadline = repair_step(cfg_, group_, "the state synchronisation", true);
   // Algorithms whose ranks step on their own rewind to the last step every member completed (lockstep()).
   const bool lockstep = fabric_->algorithm().lockstep();
   state_.synchronise(fabric_->backend(), setup_.op, after_failure && !lockstep);
@@ -72,12 +100,16 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
   ev.from_world_size = from;
   ev.detected_unix_time = unix_now_s();
   spdlog::warn("failure at step {}: {}; recovering in place", ev.step + 1, e.message());
-  const auto hook = [this](int) { faults_.at(fault::Point::kRecovery, state_.pos().step + 1); };
+  const auto hook = [this](int) {
+    faults_.at(fault::Point::kRecovery, state_.pos().step + 1);
+    faults_.at(fault::Point::kRecoveryHang, state_.pos().step + 1);
+  };
   for (;;) {
     try {
       // Abort the old view's backends first (NCCL, then the MPI revoke): a member blocked in them (the
       // communication thread, a GPU wait) returns.
       if (fabric_) {
+        const auto deadline = repair_step(cfg_, group_, "the abort of the failed view's backends", false);
         ev.on_device = static_cast<bool>(setup_.attach_device);
         ev.nccl_abort_ms += fabric_->abort();
       }

@@ -154,6 +154,11 @@ po::options_description describe(Config& c, std::string& config_file) {
       "resume", po::value(&c.resume)->default_value(c.resume)->value_name("auto|never|PATH"),
       "auto: newest valid checkpoint in --checkpoint-dir; never; or a checkpoint directory (%j, %r as in "
       "--checkpoint-dir)")(
+      "state-mirror", po::value(&c.state_mirror)->value_name("DIR"),
+      "keep the newest state after every step in DIR/state-HOST.bin, one copy per node (a tmpfs such as "
+      "/dev/shm: "
+      "it outlives the processes), so that --resume auto after a failure goes on at the failed step "
+      "(docs/fault-tolerance.md); %j, %r as in --checkpoint-dir")(
       "resume-wait", po::value(&c.resume_wait_s)->default_value(c.resume_wait_s)->value_name("SECONDS"),
       "--resume auto: how long to wait for files of a newer committed checkpoint that are missing (a "
       "storage server down) before falling back to an older one, saying how many steps are lost");
@@ -312,6 +317,7 @@ void expand_path_patterns(Config& c, const launch::Launch& env) {
   c.metrics = launch::expand_path(c.metrics, "--metrics", env);
   c.audit_dir = launch::expand_path(c.audit_dir, "--audit-dir", env);
   c.resume = launch::expand_path(c.resume, "--resume", env);
+  c.state_mirror = launch::expand_path(c.state_mirror, "--state-mirror", env);
 }
 
 namespace {

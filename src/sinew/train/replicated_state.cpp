@@ -13,6 +13,7 @@
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
+#include "sinew/train/state_mirror.hpp"
 #include "sinew/workload/workload.hpp"
 
 namespace sinew::train {
@@ -20,6 +21,51 @@ namespace sinew::train {
 ReplicatedState::ReplicatedState(workload::Workload& work, data::DistributedSampler& sampler,
                                  std::uint64_t seed)
     : work_(work), sampler_(sampler), seed_(seed) {}
+
+ReplicatedState::~ReplicatedState() = default;
+
+void ReplicatedState::attach_mirror(const std::string& dir) {
+  mirror_ =
+      std::make_unique<StateMirror>(dir, StateMirror::layout_hash(tensors(), sampler_.dataset_size(), seed_));
+}
+
+void ReplicatedState::mirror() {
+  if (mirror_ && mirror_writer_) mirror_->write(position(), tensors());
+}
+
+std::optional<std::int64_t> ReplicatedState::load_mirror() {
+  if (!mirror_) return std::nullopt;
+  const auto newest = mirror_->newest();
+  if (!newest || *newest <= position().step) return std::nullopt;
+  // Read into copies first: a read that fails half-way must leave the state as it was.
+  const auto all = tensors();
+  std::vector<std::vector<float>> copies(all.size());
+  NamedSpans into;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    copies[i].resize(all[i].second.size());
+    into.emplace_back(all[i].first, copies[i]);
+  }
+  Position m;
+  if (!mirror_->read(m, into)) return std::nullopt;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    std::copy(copies[i].begin(), copies[i].end(), all[i].second.begin());
+  Position p = position();
+  p.step = m.step;
+  p.epoch = m.epoch;
+  p.cursor = m.cursor;
+  p.optimizer_steps = m.optimizer_steps;
+  p.last_eval_epoch = m.last_eval_epoch;
+  p.resumed = 1;
+  restore(p);
+  work_.to_device();
+  return m.step;
+}
+
+void ReplicatedState::drop_mirror() {
+  if (mirror_) mirror_->remove();
+}
+
+std::string ReplicatedState::mirror_path() const { return mirror_ ? mirror_->path() : std::string(); }
 
 const Position& ReplicatedState::position() {
   pos_.epoch = sampler_.epoch();
@@ -176,6 +222,7 @@ void ReplicatedState::mark_agreed() {
   const auto all = tensors();
   agreed_.resize(all.size());
   for (std::size_t i = 0; i < all.size(); ++i) agreed_[i].assign(all[i].second.begin(), all[i].second.end());
+  mirror();
 }
 
 double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options& op, bool rewind) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,6 +38,8 @@ class Workload;
 }
 
 namespace sinew::train {
+
+class StateMirror;
 
 /// The learning-rate rescaling ramp after a resize (LrRescaler): factor_from -> factor_to over steps.
 struct LrRamp {
@@ -69,6 +72,11 @@ static_assert(sizeof(Position) == std::size_t{14} * 8, "Position must stay free 
 class ReplicatedState {
  public:
   ReplicatedState(workload::Workload& work, data::DistributedSampler& sampler, std::uint64_t seed);
+  ReplicatedState(const ReplicatedState&) = delete;
+  ReplicatedState& operator=(const ReplicatedState&) = delete;
+  ReplicatedState(ReplicatedState&&) = delete;
+  ReplicatedState& operator=(ReplicatedState&&) = delete;
+  ~ReplicatedState();
 
   /// The position, with the sampler's and optimiser's counters brought up to date.
   [[nodiscard]] const Position& position();
@@ -114,6 +122,22 @@ class ReplicatedState {
   /// optimiser state per agreement (every 10 steps).
   void mark_agreed();
 
+  /// From now on the state is mirrored into node-local memory, DIR/state-HOST.bin (state_mirror.hpp), by the
+  /// processes set as writers (one per node). Not for a workload on a GPU.
+  void attach_mirror(const std::string& dir);
+  [[nodiscard]] bool mirrored() const noexcept { return mirror_ != nullptr; }
+  /// Whether this process writes its node's mirror (the view's lowest rank on the node).
+  void set_mirror_writer(bool writer) noexcept { mirror_writer_ = writer; }
+  /// After a step the group will not undo (a lockstep step, or an agreement: mark_agreed() calls it): the
+  /// state into the mirror, on a writer.
+  void mirror();
+  /// If the node's mirror holds a state newer than this one (a relaunch after a failure): loads its tensors
+  /// and position (the fields a checkpoint sets, see load()) and returns its step.
+  std::optional<std::int64_t> load_mirror();
+  /// Training is over: the mirror's file goes.
+  void drop_mirror();
+  [[nodiscard]] std::string mirror_path() const;
+
  private:
   void restore(const Position& p);
 
@@ -123,6 +147,8 @@ class ReplicatedState {
   Position pos_;
   std::optional<Position> agreed_pos_;  // mark_agreed()
   std::vector<std::vector<float>> agreed_;
+  std::unique_ptr<StateMirror> mirror_;
+  bool mirror_writer_ = false;
 };
 
 }  // namespace sinew::train

@@ -192,6 +192,16 @@ struct Session::Impl {
     // Before the group's first collective, so that a teacher that cannot be used fails the launch cleanly.
     student_rank = group.rank();
     student_size = group.size();
+    if (!cfg.state_mirror.empty()) {
+      if (work.on_device()) {
+        if (group.rank() == 0)
+          spdlog::warn(
+              "--state-mirror: a workload on a GPU is not mirrored (a copy to the host every step); "
+              "a relaunch starts from the latest checkpoint");
+      } else {
+        state.attach_mirror(cfg.state_mirror);
+      }
+    }
     if (distilling(cfg)) {
       if (!parts.distiller)
         SINEW_THROW(InvalidArgument, "--distill-*: this driver of the training loop does not distil");
@@ -226,6 +236,7 @@ struct Session::Impl {
         fabric().backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
       work.to_device();
       checkpoints.resume(fabric());
+      if (state.mirrored() && cfg.resume == "auto") resume_from_mirror();
       lr.start(state.pos(), group.size());
       if (!fabric().algorithm().lockstep()) state.mark_agreed();
     }
@@ -239,6 +250,36 @@ struct Session::Impl {
   ~Impl() = default;
 
   Fabric& fabric() { return elastic.fabric(); }
+
+  /// A relaunch: if a node's mirror holds a newer state than the checkpoint just loaded (the job failed
+  /// after it), the members take the newest one from the memory of the nodes that kept it.
+  void resume_from_mirror() {
+    const auto t = Clock::now();
+    auto& f = fabric();
+    const std::int64_t checkpoint_step = state.pos().resumed != 0 ? step() : -1;  // the same on every rank
+    const auto loaded = state.load_mirror();
+    std::int64_t newest = loaded ? *loaded : -1;
+    f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&newest, 1)), comm::ReduceOp::kMax,
+                               setup.op);
+    if (newest < 0) return;
+    elastic.synchronise();  // the most advanced member's state everywhere, checked equal
+    ResumeEvent ev;
+    ev.path = state.mirror_path();
+    ev.step = state.pos().step;
+    ev.epoch = state.pos().epoch;
+    ev.cursor = static_cast<std::uint64_t>(state.pos().cursor);
+    ev.world_size = f.size();
+    ev.load_ms = ms_since(t);
+    ev.generation = generation;
+    events.emit(ev);
+    if (f.rank() == 0) {
+      spdlog::info("resumed from the state kept in node memory ({}): step {}, epoch {}, sample {}{}", ev.path,
+                   ev.step, ev.epoch + 1, ev.cursor,
+                   checkpoint_step >= 0
+                       ? fmt::format(" ({} steps after the checkpoint)", ev.step - checkpoint_step)
+                       : " (no checkpoint)");
+    }
+  }
   [[nodiscard]] std::int64_t step() const { return state.pos().step; }
 
   FabricSetup fabric_setup() {
@@ -497,6 +538,8 @@ struct Session::Impl {
     if (!plan.reduces_gradients) comm_ms += ms_since(ta);
     sampler.advance(plan.total);
     state.pos().step = next;
+    // Completed everywhere (a lockstep step includes every rank's gradients): the node's copy of the state.
+    if (f.algorithm().lockstep()) state.mirror();
     const double step_ms = ms_since(step_start);
     if (distiller) distiller->step_done(step_ms);
     const auto sent = f.take_bytes_sent();
@@ -695,6 +738,10 @@ struct Session::Impl {
 
   Summary finish() {
     sum.checkpoint_error = checkpoints.error();
+    // Trained to the end: the node's copy of the state has served its purpose (a stop leaves it: its
+    // checkpoint is as new, and a relaunch compares the two).
+    if (ended && end == After::kContinue && !sum.below_min_ranks && sum.stopped_by_signal == 0)
+      state.drop_mirror();
     if (end != After::kLeft) group.dismiss_spares();  // training is over: the idle spares leave
     if (end == After::kLeft) {
       sum.left = true;
