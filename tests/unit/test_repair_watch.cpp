@@ -70,10 +70,10 @@ TEST(RepairWatch, ACallPastItsDeadlineIsActedOnWhileItIsStillBlocked) {
 TEST(RepairWatch, ACallThatReturnsInTimeIsNotActedOn) {
   Recorder rec;
   {
-    auto guard = RepairWatch::process().arm("agreement", milliseconds(200));
+    auto guard = RepairWatch::process().arm("agreement", milliseconds(5000));
     auto moved = std::move(guard);  // a moved-from guard disarms nothing twice
   }
-  auto released = RepairWatch::process().arm("merge", milliseconds(200));
+  auto released = RepairWatch::process().arm("merge", milliseconds(5000));
   released.release();
   // A later, nested deadline still fires on time: the earlier ones did not leave the thread waiting.
   const auto outer = RepairWatch::process().arm("outer", milliseconds(60000));
