@@ -625,11 +625,11 @@ ShrinkReport Group::reform(int want_size, bool leaving, const RecoveryHook& hook
 #endif
 }
 
-RepairWatch::Guard Group::repair_guard(std::string what) const {
+RepairWatch::Guard Group::repair_guard(std::string what, std::chrono::milliseconds extra) const {
   // A silent member is noticed within the stall timeout (Liveness); without the detector, ULFM's own
   // report of a dead process takes about as long as its default.
   const auto detect = watch_.count() > 0 ? watch_ : kDefaultDetect;
-  return RepairWatch::process().arm(std::move(what), repair_deadline(size_ + spares(), detect));
+  return RepairWatch::process().arm(std::move(what), repair_deadline(size_ + spares(), detect) + extra);
 }
 
 void Group::watch(std::chrono::milliseconds timeout) {

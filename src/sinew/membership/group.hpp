@@ -222,6 +222,11 @@ class Group {
   /// spawned by grow() calls it too, right after attach(). Zero stops watching.
   void watch(std::chrono::milliseconds timeout);
 
+  /// Arms the deadline of the repair call `what` (RepairWatch): repair_deadline() over the pool or view,
+  /// with the stall timeout given to watch() as the detection time, plus `extra` (a step that moves data).
+  [[nodiscard]] RepairWatch::Guard repair_guard(
+      std::string what, std::chrono::milliseconds extra = std::chrono::milliseconds(0)) const;
+
   /// Collective: the members with `leaving` true form no view any more (their communicator is freed);
   /// the others continue in a new view. A leaving member must stop using the group.
   void split_leave(bool leaving);
@@ -248,8 +253,6 @@ class Group {
   // this process could tell), for the whole job: grow() does not spawn onto them.
   std::vector<std::string> silent_hosts_;
   void rewatch();
-  /// Arms the deadline of the repair call `what` (RepairWatch, repair_deadline() over the pool or view).
-  [[nodiscard]] RepairWatch::Guard repair_guard(std::string what) const;
   static constexpr std::chrono::milliseconds kDefaultDetect{10000};
   void unwatch();      ///< notes the detector's silent hosts, then stops it
   void note_silent();  ///< adds the detector's silent hosts to silent_hosts_

@@ -15,16 +15,13 @@ namespace {
 
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
 
-/// Arms the deadline of a repair step over `group` (membership/repair_watch.hpp). Steps that move the model
-/// (building the backends, whose algorithm may exchange it; the state synchronisation) also get the
-/// collectives' own deadline, --timeout-ms: they are bounded by it already, the watch catches a call that
-/// never returns to check it.
+/// Arms the deadline of a repair step (membership/repair_watch.hpp). Steps that move the model (building
+/// the backends, whose algorithm may exchange it; the state synchronisation) also get the collectives' own
+/// deadline, --timeout-ms: they are bounded by it already, the watch catches a call that never returns to
+/// check it.
 membership::RepairWatch::Guard repair_step(const Config& cfg, const membership::Group& group,
                                            const char* what, bool moves_data) {
-  const auto detect = std::chrono::milliseconds(cfg.stall_timeout_ms > 0 ? cfg.stall_timeout_ms : 10000);
-  auto deadline = membership::repair_deadline(group.size() + group.spares(), detect);
-  if (moves_data) deadline += std::chrono::milliseconds(cfg.timeout_ms);
-  return membership::RepairWatch::process().arm(what, deadline);
+  return group.repair_guard(what, std::chrono::milliseconds(moves_data ? cfg.timeout_ms : 0));
 }
 
 /// Collective over `comm`: true on its lowest rank on this node (MPI_COMM_TYPE_SHARED).
