@@ -162,6 +162,7 @@ void Group::adopt(mpi::Communicator comm) {
 }
 
 Group Group::attach(SpawnCommand spawn) {
+  RepairWatch::leave_when_orphaned();
   MPI_Comm parent = MPI_COMM_NULL;
   SINEW_MPI(MPI_Comm_get_parent(&parent));
   if (parent == MPI_COMM_NULL) {
@@ -203,6 +204,7 @@ Group Group::attach(SpawnCommand spawn) {
 
 Group Group::attach(SpawnCommand spawn, int spares) {
   if (spares <= 0) return attach(std::move(spawn));
+  RepairWatch::leave_when_orphaned();
   MPI_Comm parent = MPI_COMM_NULL;
   SINEW_MPI(MPI_Comm_get_parent(&parent));
   if (parent != MPI_COMM_NULL) {
@@ -239,6 +241,7 @@ Group Group::attach(SpawnCommand spawn, int spares) {
 }
 
 Group Group::over(const mpi::Communicator& comm, SpawnCommand spawn) {
+  RepairWatch::leave_when_orphaned();
   const int rank = comm.rank();
   return Group(comm.dup(), 0, Role::kInitial, rank, std::move(spawn));
 }

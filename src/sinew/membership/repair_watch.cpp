@@ -1,6 +1,7 @@
 #include "sinew/membership/repair_watch.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -114,6 +115,25 @@ void RepairWatch::leave_for_relaunch(const std::string& what, std::chrono::milli
   std::fputs(line.c_str(), stderr);
   std::fflush(nullptr);
   std::_Exit(static_cast<int>(ExitCode::kRelaunch));
+}
+
+void RepairWatch::leave_when_orphaned() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const pid_t parent = ::getppid();
+    if (parent <= 1) return;  // started by init, or already orphaned: nothing to watch
+    std::thread([parent] {
+      while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const std::string line = fmt::format(
+          "[sinew] the launcher's process on this node (pid {}) is gone: leaving without MPI_Finalize, "
+          "exiting "
+          "for a relaunch from the latest checkpoint (exit code {})\n",
+          parent, static_cast<int>(ExitCode::kRelaunch));
+      std::fputs(line.c_str(), stderr);
+      std::fflush(nullptr);
+      std::_Exit(static_cast<int>(ExitCode::kRelaunch));
+    }).detach();
+  });
 }
 
 RepairWatch::Guard& RepairWatch::Guard::operator=(Guard&& o) noexcept {
