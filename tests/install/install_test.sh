@@ -138,7 +138,9 @@ out=$(sinew-supervise --help) && grep -q -- '--launcher' <<<"$out" || fail "sine
 rc=0 && sinew-supervise --launcher srun -n 2 >/dev/null 2>&1 || rc=$?
 [ $rc -eq 2 ] || fail "sinew-supervise without a program exited $rc, not 2"
 out=$(sinew-check-audit --help) && grep -q -- '--dataset-size' <<<"$out" || fail "sinew-check-audit --help failed: $out"
-echo "ok   sinew-supervise and sinew-check-audit on PATH"
+[ "$(command -v sinew-run)" = "$PREFIX/bin/sinew-run" ] || fail "sinew-run is not on PATH"
+out=$(sinew-run --help) && grep -q -- '--hostfile' <<<"$out" || fail "sinew-run --help failed: $out"
+echo "ok   sinew-run, sinew-supervise and sinew-check-audit on PATH"
 if [ -n "$MPI_PREFIX" ]; then
   [ "$(command -v mpirun)" = "$MPI_PREFIX/bin/mpirun" ] || fail "mpirun is '$(command -v mpirun)', not $MPI_PREFIX's"
   echo "ok   mpirun is $MPI_PREFIX/bin/mpirun"

@@ -740,8 +740,13 @@ struct Session::Impl {
     sum.checkpoint_error = checkpoints.error();
     // Trained to the end: the node's copy of the state has served its purpose (a stop leaves it: its
     // checkpoint is as new, and a relaunch compares the two).
-    if (ended && end == After::kContinue && !sum.below_min_ranks && sum.stopped_by_signal == 0)
+    // "job complete" is also the launcher's sign (mpi_scripts/sinew-supervise) that the job has its result,
+    // whatever its exit code.
+    if (ended && end == After::kContinue && !sum.below_min_ranks && sum.stopped_by_signal == 0) {
       state.drop_mirror();
+      if (fabric().rank() == 0)  // not through the log: --log-level must not hide it
+        fmt::print(stderr, "[sinew] job complete: trained to the end at step {}\n", step());
+    }
     if (end != After::kLeft) group.dismiss_spares();  // training is over: the idle spares leave
     if (end == After::kLeft) {
       sum.left = true;
