@@ -11,12 +11,20 @@
 # and its management network stay up. (PRRTE 3.0 ends the whole job when it loses a daemon, so a host cut
 # off on both networks cannot be recovered in place; docs/fault-tolerance.md.)
 #
+# Each host has its own node memory: a directory SHM_ROOT/hK (/dev/shm/sinew-bed/hK) that the launcher
+# (mpirun.sh, rsh-agent.sh) mounts over /dev/shm in a mount namespace of the host's processes, so that what a
+# rank keeps in /dev/shm (Sinew's --state-mirror) is seen by that host's processes only, outlives them like a
+# node's tmpfs outlives its processes, and is gone when the host is lost (`lose`).
+#
 # Usage: testbed.sh up N RATE     create (or re-create) N hosts; RATE is `unlimited` or a tc rate (1gbit)
 #        testbed.sh rate RATE     change the rate of the existing bed in place
 #        testbed.sh cut K         host K's data link goes down (its processes stay up, unreachable)
 #        testbed.sh partition K.. the listed hosts' data links move to a bridge of their own: two halves
 #                                 that each still reach their own members, and nothing of the other
 #        testbed.sh heal          every data link up and on the one bridge again
+#        testbed.sh lose K        host K is lost, as a node that loses power: both its links go dark, every
+#                                 process on it (ranks, PRRTE's daemon) is killed at once, and its /dev/shm
+#                                 is emptied. `up` brings it back
 #        testbed.sh down          remove everything this script creates (safe when nothing exists)
 #        testbed.sh status        namespaces, addresses, qdiscs
 # Needs root. Launch ranks on it with hpc/net/mpirun.sh; tx byte counters with hpc/net/txbytes.sh.
@@ -26,8 +34,9 @@ BR_NS=sinew-br
 HOST_PREFIX=sinew-h
 SUBNET=10.77.0
 MGMT_SUBNET=10.78.0
+SHM_ROOT=${SINEW_BED_SHM:-/dev/shm/sinew-bed}  # the hosts' node memory (rsh-agent.sh and mpirun.sh mount it)
 
-usage() { sed -n '13,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '19,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 hosts() {  # the host namespaces that exist now, in numeric order
   ip netns list | awk '{print $1}' | grep -E "^${HOST_PREFIX}[0-9]+$" | sort -V || true
@@ -85,6 +94,7 @@ down() {
     fi
     ip netns del "$ns"  # deleting a namespace also deletes the veth ends inside it, hence their peers
   done
+  rm -rf "$SHM_ROOT"
 }
 
 up() {
@@ -112,6 +122,8 @@ up() {
     ip -n "$BR_NS" link set "m$k" master mg0 up
     ip -n "$ns" addr add "$MGMT_SUBNET.$k/24" dev mgmt0
     ip -n "$ns" link set mgmt0 up
+    mkdir -p "$SHM_ROOT/h$k"
+    chmod 1777 "$SHM_ROOT/h$k"
   done
   set_rate "$rate"
   echo "testbed: $n hosts ${HOST_PREFIX}1..$HOST_PREFIX$n ($SUBNET.1..$SUBNET.$n), rate $rate"
@@ -149,9 +161,25 @@ heal() {
   for ns in $(hosts); do
     k=${ns#"$HOST_PREFIX"}
     ip -n "$BR_NS" link set "p$k" master br0 up
+    ip -n "$BR_NS" link set "m$k" up  # after a `lose`
   done
   if ip -n "$BR_NS" link show br1 >/dev/null 2>&1; then ip -n "$BR_NS" link del br1; fi
   echo "testbed: data network healed"
+}
+
+# Host K is lost: its links go dark first (no FIN or RST leaves it, as from a node that loses power), then
+# every process in its namespace is killed with SIGKILL at once, and its node memory is emptied.
+lose() {
+  local pids
+  host_k "$1"
+  ip -n "$BR_NS" link set "p$1" down
+  ip -n "$BR_NS" link set "m$1" down
+  mapfile -t pids < <(ip netns pids "$HOST_PREFIX$1" 2>/dev/null || true)
+  ((${#pids[@]} == 0)) || kill -KILL "${pids[@]}" 2>/dev/null || true
+  rm -rf "${SHM_ROOT:?}/h$1"
+  mkdir -p "$SHM_ROOT/h$1"
+  chmod 1777 "$SHM_ROOT/h$1"
+  echo "testbed: host $1 lost (${#pids[@]} processes killed, its /dev/shm emptied)"
 }
 
 status() {
@@ -172,6 +200,7 @@ case ${1:-} in
   cut) [[ $# -eq 2 ]] || usage; cut "$2" ;;
   partition) shift; partition "$@" ;;
   heal) [[ $# -eq 1 ]] || usage; heal ;;
+  lose) [[ $# -eq 2 ]] || usage; lose "$2" ;;
   down) [[ $# -eq 1 ]] || usage; down ;;
   status) status ;;
   *) usage ;;
