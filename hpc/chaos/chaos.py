@@ -56,6 +56,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,8 @@ STEP_SLEEP_MS = 20  # so that external kills land mid-run
 CHECKPOINT_EVERY = 20
 TIMEOUT_MS = 15000  # deadline of every collective (and of the spawn watchdog)
 STALL_S = 10.0  # sinew-train's default --stall-timeout-ms: a cut-off process is excluded this long after the cut
+SLOTS = 2  # node-loss trials: ranks per bed host (4 hosts x 2 ranks)
+NODE_HOSTS = 4
 NET = os.path.join(ROOT, "hpc/net")
 
 TRAIN_POINTS = ["forward", "backward", "allreduce", "optimizer"]
@@ -97,10 +100,14 @@ ALGORITHMS = {
 
 @dataclasses.dataclass
 class Kill:
-    """One planned kill. `how` is inject (--inject-fault), external (kill -9 from the driver) or link (the
-    rank's host loses its data link on the test bed, at metrics step `step`). An external kill with `after`
-    set fires `delay_s` after kill number `after` of the trial (after its exclusion, for a link cut);
-    without, at metrics step `step`."""
+    """One planned kill. `how` is inject (--inject-fault), external (kill -9 from the driver), link (the
+    rank's host loses its data link on the test bed, at metrics step `step`), node (host number `rank` of
+    the bed is lost: links dark, every process on it killed, its /dev/shm emptied), launcher (kill -9 of
+    mpirun), replacement (kill -9 of the first process spawned after kill `after`, `delay_s` after it
+    appeared: while it starts or joins) or relaunch (kill -9 of launch rank `rank` of the supervisor's
+    first relaunch, `delay_s` after that launch began). An external kill with `after` set fires `delay_s`
+    after kill number `after` of the trial (after its exclusion, for a link cut); without, at metrics step
+    `step`."""
     rank: int
     how: str
     relation: str  # the pattern that drew it: first, sequential, simultaneous, during-recovery, ...
@@ -117,6 +124,14 @@ class Kill:
             return f"inject {self.spec()}"
         if self.how == "link":
             return f"cut r{self.rank}'s link at step {self.step}"
+        if self.how == "node":
+            return f"lose host {self.rank} at step {self.step}"
+        if self.how == "launcher":
+            return f"kill -9 mpirun at step {self.step}"
+        if self.how == "replacement":
+            return f"kill -9 the spawned replacement {1000 * self.delay_s:.0f}ms after it appears (after #{self.after + 1})"
+        if self.how == "relaunch":
+            return f"kill -9 r{self.rank} of the relaunch {1000 * self.delay_s:.0f}ms after it starts"
         if self.after >= 0:
             return f"kill -9 r{self.rank} {1000 * self.delay_s:.0f}ms after #{self.after + 1}"
         if self.relation == "idle-spare":
@@ -133,18 +148,28 @@ class Plan:
     grow: bool
     kills: list
     spares: int = 0  # hot spares (--spares K, launch ranks n..n+K-1); only with growth
+    hosts: int = 0  # node-loss trials: the bed's hosts, SLOTS ranks each (0: one host per rank, or no bed)
 
     def procs(self):
         """Processes mpirun launches: the members and the spares."""
         return self.n + self.spares
 
     def on_bed(self):
-        """Whether the trial runs on the shaped test bed (it cuts a link)."""
-        return any(k.how == "link" for k in self.kills)
+        """Whether the trial runs on the shaped test bed (it cuts a link or loses a host)."""
+        return any(k.how in ("link", "node") for k in self.kills)
+
+    def bed_hosts(self):
+        """Hosts of the bed this trial uses, and ranks per host."""
+        return (self.hosts, SLOTS) if self.hosts else (self.procs(), 1)
 
     def member_kills(self):
         """The kills of members (a promoted spare is a member): all but an idle spare's."""
         return [k for k in self.kills if k.relation != "idle-spare"]
+
+    def fallback_expected(self):
+        """Whether the plan ends the first launch for sure (a lost node, a killed mpirun): the supervisor's
+        relaunch must follow."""
+        return any(k.how in ("node", "launcher") for k in self.kills)
 
     def spares_left(self):
         """Spares that can replace members: those not killed while idle."""
@@ -177,7 +202,8 @@ class Plan:
 
     def describe(self):
         kills = "; ".join(k.describe() for k in self.kills) or "none"
-        return (f"n={self.n} algo={self.algorithm} ckpt={'on' if self.checkpoints else 'off'} "
+        return (f"n={self.n}{f' on {self.hosts}x{SLOTS}' if self.hosts else ''} algo={self.algorithm} "
+                f"ckpt={'on' if self.checkpoints else 'off'} "
                 f"grow={'on' if self.grow else 'off'} spares={self.spares} kills=[{kills}]")
 
 
@@ -318,14 +344,50 @@ PATTERNS = [
     Pattern("idle-spare", "an idle spare killed (kill -9) before any failure"),  # drawn by make_plan
     Pattern("promoted-spare", "the spare promoted by the first failure killed later",
             matches=lambda plan: any(k.rank >= plan.n and k.relation != "idle-spare" for k in plan.kills)),
-    Pattern("link-cuts", "a member's data link cut on the test bed", matches=lambda plan: plan.on_bed()),
+    Pattern("link-cuts", "a member's data link cut on the test bed",
+            matches=lambda plan: any(k.how == "link" for k in plan.kills)),
+    # Drawn by make_plan from streams of their own (--node-loss, --launcher-kills, --join-kills):
+    Pattern("node-loss", f"a bed host lost ({NODE_HOSTS} hosts x {SLOTS} ranks): ranks, daemon, its /dev/shm"),
+    Pattern("killed-mpirun", "mpirun killed with kill -9"),
+    Pattern("during-relaunch", "a rank of the supervisor's relaunch killed while it starts"),
+    Pattern("replacement-join", "the replacement (spawned or a promoted spare) killed while it joins"),
+    Pattern("spawn-root", "the spawning root (view rank 0) killed during the spawn"),
+    Pattern("fallback", "a relaunch by the supervisor was needed",
+            matches=lambda plan: plan.fallback_expected()),
 ]
 
 
-def make_plan(seed, index, algorithms=None, spares=(0, 1, 2), link_cuts=0.0):
-    """The plan of trial `index`: a function of (seed, index, algorithms, spares, link_cuts) only, so that
-    one trial can be replayed. The hot spares (and an idle spare's kill) and the link cuts come from streams
-    of their own: with `spares` (0,) and `link_cuts` 0 the plans are those of the driver before them."""
+def draw_join_kill(rng, plan):
+    """A kill of the replacement while it joins, or of the spawning root during the spawn, relative to the
+    first member kill; None where the plan has neither a replacement nor a spawn after it."""
+    first = plan.member_kills()[0]
+    i = plan.kills.index(first)
+    taken = {k.rank for k in plan.kills}
+    spare = _promoted_spare(plan) if plan.spares_left() > 0 else None
+    if spare is not None and spare not in taken:  # the spare that the first failure promotes
+        return Kill(spare, "external", "replacement-join", after=i, delay_s=round(rng.uniform(0.005, 0.15), 4))
+    if not plan.grow or plan.spares_left() > 0:
+        return None
+    if rng.random() < 0.5:
+        return Kill(-1, "replacement", "replacement-join", after=i, delay_s=round(rng.uniform(0.0, 1.5), 3))
+    alive = [r for r in range(plan.n) if r not in taken]
+    if len(alive) < 2:
+        return None
+    if first.how == "inject" and rng.random() < 0.5:  # at the spawn point: right before MPI_Comm_spawn
+        return Kill(alive[0], "inject", "spawn-root", step=first.step, point="spawn")
+    return Kill(alive[0], "external", "spawn-root", after=i, delay_s=round(rng.uniform(0.3, 2.0), 3))
+
+
+def make_plan(seed, index, algorithms=None, spares=(0, 1, 2), link_cuts=0.0, node_loss=0.0, launcher_kills=0.0,
+              join_kills=0.0):
+    """The plan of trial `index`: a function of (seed, index, algorithms, spares, link_cuts, node_loss,
+    launcher_kills, join_kills) only, so that one trial can be replayed. The hot spares (and an idle spare's
+    kill), the link cuts, the node losses, the mpirun kills and the join kills come from streams of their
+    own: with `spares` (0,) and the chances 0 the plans are those of the driver before them.
+
+    A node-loss trial runs 8 ranks on 4 bed hosts and loses one of hosts 2-4 (host 1 runs mpirun; its loss
+    is the killed-mpirun pattern) at a step; a killed-mpirun trial kills mpirun at a step. Both end the
+    launch: the supervisor relaunches. Either may add a kill of a rank of that relaunch while it starts."""
     rng = random.Random(f"sinew-chaos:{seed}:{index}")
     srng = random.Random(f"sinew-chaos-spares:{seed}:{index}")
     n = 6 if rng.random() < 0.12 else 4
@@ -350,6 +412,25 @@ def make_plan(seed, index, algorithms=None, spares=(0, 1, 2), link_cuts=0.0):
     if random.Random(f"sinew-chaos-links:{seed}:{index}").random() < link_cuts:
         i = plan.kills.index(first)
         plan.kills[i] = Kill(first.rank, "link", "link-cut", step=first.step)
+    elif join_kills and len(plan.member_kills()) <= 2:
+        jrng = random.Random(f"sinew-chaos-join:{seed}:{index}")
+        if jrng.random() < join_kills:
+            k = draw_join_kill(jrng, plan)
+            if k is not None:
+                plan.kills.append(k)
+    nrng = random.Random(f"sinew-chaos-nodes:{seed}:{index}")
+    roll = nrng.random()
+    if roll < node_loss + launcher_kills:
+        plan.spares, plan.kills = 0, []
+        if roll < node_loss:
+            plan.n, plan.hosts = NODE_HOSTS * SLOTS, NODE_HOSTS
+            plan.kills.append(Kill(nrng.randint(2, NODE_HOSTS), "node", "node-loss",
+                                   step=_training_step(nrng, plan, 8)))
+        else:
+            plan.kills.append(Kill(-1, "launcher", "killed-mpirun", step=_training_step(nrng, plan, 8)))
+        if nrng.random() < 0.35:  # the relaunch has fewer ranks after a node loss: rank 0..3 exists in both
+            plan.kills.append(Kill(nrng.randrange(4), "relaunch", "during-relaunch",
+                                   delay_s=round(nrng.uniform(0.2, 3.0), 3)))
     return plan
 
 
@@ -386,8 +467,9 @@ def kill9(pid):
         pass  # it ended on its own in between: nothing left to stop
 
 
-def launch_rank(pid):
-    """The launch rank of a process started by mpirun (None for spawned ones: their world is not the job's)."""
+def launch_rank(pid, generation=False):
+    """The launch rank of a process started by mpirun and its world's size (a spawned process has a world
+    of its own); with `generation`, also the supervisor's launch it belongs to. None if unknown."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
@@ -395,7 +477,16 @@ def launch_rank(pid):
         return None
     if b"OMPI_COMM_WORLD_RANK" not in env:
         return None
-    return int(env[b"OMPI_COMM_WORLD_RANK"]), int(env.get(b"OMPI_COMM_WORLD_SIZE", b"0"))
+    lr = int(env[b"OMPI_COMM_WORLD_RANK"]), int(env.get(b"OMPI_COMM_WORLD_SIZE", b"0"))
+    return (*lr, int(env.get(b"SINEW_RESTART_GENERATION", b"0"))) if generation else lr
+
+
+def exe_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))
+    except OSError:
+        return ""
 
 
 class Follower:
@@ -436,7 +527,9 @@ class Watcher:
     def __init__(self, plan, d):
         self.plan, self.d = plan, d
         self.metrics, self.output = Follower(f"{d}/metrics.jsonl"), Follower(f"{d}/out.txt")
+        self.launches = Follower(f"{d}/sup.jsonl")
         self.step, self.pids, self.last_scan = 0, {}, 0.0
+        self.relaunch_t, self.spawned, self.launcher = None, {}, None  # first relaunch's start; spawned: first seen
         self.fired = [None] * len(plan.kills)  # unix time of each kill, -1 if its target was already gone
         self.notes = []
 
@@ -444,6 +537,10 @@ class Watcher:
         for line in self.metrics.new_lines():
             if '"loss"' in line and '"step"' in line:
                 self.step = max(self.step, json.loads(line).get("step", 0))
+        for line in self.launches.new_lines():
+            e = json.loads(line)
+            if e["event"] == "launch" and e["generation"] == 1:
+                self.relaunch_t = e["unix_time"]
         for line in self.output.new_lines():
             m = INJECTED.search(line)
             if m:
@@ -462,6 +559,68 @@ class Watcher:
             lr = launch_rank(p)
             if lr and lr[1] == self.plan.procs():  # spawned replacements have a world of their own
                 self.pids[lr[0]] = p
+            elif self.launcher is None and exe_of(p) in ("prterun", "mpirun"):
+                self.launcher = p
+
+    def scan_new(self, want):
+        """Processes of the job that `want(pid, launch rank, world size, generation)` accepts (a /proc scan)."""
+        out = []
+        for p in procs_of(self.d):
+            if exe_of(p) != "sinew-train":
+                continue
+            lr = launch_rank(p, generation=True)
+            if lr and want(p, *lr):
+                out.append(p)
+        return out
+
+    def other_kill(self, i, k, now):
+        """The kills whose target is not a launch rank of the first launch; returns how long to sleep."""
+        if k.how == "node":
+            if self.step >= k.step:
+                lose = subprocess.run([f"{NET}/testbed.sh", "lose", str(k.rank)], capture_output=True, text=True,
+                                      timeout=60)
+                if lose.returncode != 0:
+                    self.notes.append(f"kill #{i + 1}: the host loss failed: {lose.stderr.strip()}")
+                self.fired[i] = time.time()
+            return 0.02
+        if k.how == "launcher":
+            if self.step >= k.step and self.launcher is not None:
+                os.kill(self.launcher, signal.SIGKILL)
+                self.fired[i] = time.time()
+            return 0.02
+        if k.how == "relaunch":
+            if self.relaunch_t is None or now < self.relaunch_t + k.delay_s:
+                return 0.02 if self.relaunch_t is None else max(0.002, self.relaunch_t + k.delay_s - now)
+            targets = self.scan_new(lambda p, r, size, gen: gen == 1 and r == k.rank % max(size, 1))
+            if targets:
+                os.kill(targets[0], signal.SIGKILL)
+                self.fired[i] = time.time()
+            elif time.time() - self.relaunch_t > 30:
+                self.notes.append(f"kill #{i + 1}: no launch rank {k.rank} in the relaunch within 30 s")
+                self.fired[i] = -1.0
+            return 0.005
+        # replacement: the first process spawned after kill `after` (a world of its own: size != procs)
+        if self.fired[k.after] is None:
+            return 0.01
+        if time.time() - self.last_scan >= 0.01:
+            self.last_scan = time.time()
+            for p in self.scan_new(lambda p, r, size, gen: gen == 0 and size != self.plan.procs()):
+                self.spawned.setdefault(p, time.time())
+        if not self.spawned:
+            if now - self.fired[k.after] > 60:
+                self.notes.append(f"kill #{i + 1}: no replacement was spawned within 60 s")
+                self.fired[i] = -1.0
+            return 0.01
+        p, seen = min(self.spawned.items(), key=lambda kv: kv[1])
+        if now < seen + k.delay_s:
+            return max(0.002, seen + k.delay_s - now)
+        if gone(p):
+            self.notes.append(f"kill #{i + 1}: the replacement had already exited")
+            self.fired[i] = -1.0
+        else:
+            os.kill(p, signal.SIGKILL)
+            self.fired[i] = time.time()
+        return 0.02
 
     def poll(self):
         """One round; returns how long to sleep before the next."""
@@ -470,7 +629,12 @@ class Watcher:
         now = time.time()
         wait = 0.02
         for i, k in enumerate(self.plan.kills):
-            if self.fired[i] is not None or k.rank not in self.pids:
+            if self.fired[i] is not None:
+                continue
+            if k.how in ("node", "launcher", "replacement", "relaunch"):
+                wait = min(wait, self.other_kill(i, k, now))
+                continue
+            if k.rank not in self.pids:
                 continue
             if k.how == "inject":
                 if gone(self.pids[k.rank]):
@@ -539,11 +703,15 @@ def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
     output and metrics are copied to keep_dir."""
     d = tempfile.mkdtemp(prefix=f"sinew-chaos-{plan.index}-")
     try:
-        if plan.on_bed():  # one host per launch rank; mpirun.sh adds the ULFM flags itself
+        # Every job runs under the supervisor (sinew-run): in place when it can, relaunched when it cannot.
+        cmd = [f"{ROOT}/mpi_scripts/sinew-supervise", "--events", f"{d}/sup.jsonl", "-n", str(plan.procs())]
+        if plan.on_bed():  # mpirun.sh adds the ULFM flags itself; the hostfile: the bed's hosts
             subprocess.run([f"{NET}/testbed.sh", "heal"], capture_output=True, timeout=60, check=True)
-            cmd = [f"{NET}/mpirun.sh", str(plan.procs()), "--", train, *plan.options(d)]
-        else:
-            cmd = [mpirun, *flags, "-n", str(plan.procs()), train, *plan.options(d)]
+            hosts, slots = plan.bed_hosts()
+            with open(f"{d}/hosts", "w") as f:
+                f.writelines(f"sinew-h{h} slots={slots}\n" for h in range(1, hosts + 1))
+            cmd += ["--mpirun", f"{NET}/mpirun.sh --as-mpirun", "--hostfile", f"{d}/hosts"]
+        cmd += ["--", train, *plan.options(d)]
         with open(f"{d}/out.txt", "w") as out:
             t0 = time.time()
             job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -583,8 +751,26 @@ def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
         # When each kill happened, in seconds after the first one (None: it did not happen).
         first = min((f for f in w.fired if f and f > 0), default=None)
         times = [round(f - first, 3) if f and f > 0 else None for f in w.fired]
+        launches = []
+        if os.path.exists(f"{d}/sup.jsonl"):
+            with open(f"{d}/sup.jsonl") as f:
+                launches = [json.loads(l) for l in f if l.strip()]
+            shutil.copy(f"{d}/sup.jsonl", f"{keep_dir}/sup.jsonl")
+        # A fallback's cost: from the first kill to training back at the step where it failed, i.e. the end
+        # of the first step that the last launch completed beyond the newest step the failed launch made.
+        back_s = None
+        starts = [e["unix_time"] for e in launches if e["event"] == "launch"]
+        if len(starts) > 1 and first:
+            steps = []
+            with open(f"{d}/metrics.jsonl") as f:
+                steps = [json.loads(l) for l in f if '"loss"' in l and '"step"' in l]
+            before = max((e["step"] for e in steps if e["unix_time"] < starts[-1]), default=0)
+            after = [e["unix_time"] for e in steps if e["unix_time"] >= starts[-1] and e["step"] > before]
+            if after:
+                back_s = round(min(after) - first, 2)
         return {"rc": rc, "hung": hung, "wall_s": round(wall, 1), "fired": [t is not None for t in times],
-                "kill_times_s": times, "notes": w.notes, "audit": audit, "events": events, "text": text}
+                "kill_times_s": times, "notes": w.notes, "audit": audit, "events": events, "text": text,
+                "launches": len(starts), "back_s": back_s}
     finally:
         for p in procs_of(d):  # an exception above must not leave processes behind
             kill9(p)
@@ -607,35 +793,48 @@ def evidence(text, pattern, skip=None, limit=4):
     return lines[:limit]
 
 
+def remarks(r):
+    """What went wrong inside a job that still ended right (classes with evidence lines): a process that
+    exited on an error (the replacement that was joining when a member died), the spawn watchdog's abort (a
+    relaunch by the supervisor followed), the launcher's non-zero exit after the job completed."""
+    text = r["text"]
+    out = []
+    if WATCHDOG.search(text):
+        out.append(("watchdog-abort", evidence(text, WATCHDOG)))
+    revoked = evidence(text, REVOKED_EXIT)
+    if revoked:
+        out.append(("revoked-exit", revoked))
+    errors = evidence(text, ERROR_EXIT, skip=REVOKED_EXIT)
+    if errors:
+        out.append(("error-exit", errors))
+    late = evidence(text, re.compile(r"sinew-supervise\] (the job completed; the launcher's exit code|the job "
+                                     r"completed, but the launcher has not returned)"))
+    if late:
+        out.append(("launcher-exit-after-done", late))
+    return out
+
+
 def judge(r, reference, tolerance, plan=None):
-    """Classes of failure of a run (empty: passed), each with evidence lines."""
+    """Classes of failure of a run (empty: passed), each with evidence lines. The job runs under the
+    supervisor: its exit status is the job's."""
     done = [e for e in r["events"] if e.get("event") == "done"]
     text = r["text"]
     problems = []
     last_words = re.compile(r"\[critical\]|sinew: error:|PRTE ERROR|MPI_ABORT was invoked")
     if r["hung"]:
         problems.append(("hang-after-done" if done else "hang-before-done",
-                         [f"mpirun still running at the deadline ({r['wall_s']} s); killed"]
+                         [f"the job still running at the deadline ({r['wall_s']} s); killed"]
                          + (evidence(text, last_words) or text.splitlines()[-3:])))
     elif r["rc"] != 0:
         problems.append(("exit-after-done" if done else "exit-before-done",
-                         [f"mpirun exit {r['rc']}" + (" after the done event" if done else ", no done event")]
+                         [f"exit {r['rc']}" + (" after the done event" if done else ", no done event")]
                          + evidence(text, last_words)))
-    # The spawn watchdog (docs/fault-tolerance.md "A failure during the spawn") aborts the job with exit 75
-    # for a relaunch: bounded, but not in place, and the job fails without a supervisor.
-    if WATCHDOG.search(text):
-        problems.append(("watchdog-abort", evidence(text, WATCHDOG)))
-    # Members that see a revoked communicator recover ("[warning] failure at step", "another failure during
-    # recovery"); a process that exits on it prints "sinew: error: ... MPI_ERR_REVOKED" (in our runs the
-    # replacement that was joining when a member died: the issue's "replacement exited with MPI_ERR_REVOKED").
-    revoked = evidence(text, REVOKED_EXIT)
-    if revoked:
-        problems.append(("revoked-exit", revoked))
-    errors = evidence(text, ERROR_EXIT, skip=REVOKED_EXIT)
-    if errors:
-        problems.append(("error-exit", errors))
+    # A process that exits on an error, the spawn watchdog's abort: remarks (remarks()) when the job still
+    # ends right; the evidence of a job that did not.
+    if not done:
+        problems += remarks(r)
     if not r["hung"] and r["rc"] == 0 and not done:
-        problems.append(("no-done", ["mpirun exit 0 without a done event"]))
+        problems.append(("no-done", ["exit 0 without a done event"]))
     if done and reference is not None:
         acc = done[-1]["test_accuracy"]
         if 100 * (reference - acc) > tolerance:
@@ -650,7 +849,9 @@ def judge(r, reference, tolerance, plan=None):
     # With a hot spare left (none killed while idle), the first failure must be replaced by it: promoted
     # >= 1 in its failure event (a spawn instead would pass every other check).
     failures = [e for e in r["events"] if e.get("event") == "failure"]
-    if plan is not None and plan.spares_left() > 0 and failures and failures[0].get("promoted", 0) == 0:
+    # (Not when the plan kills that spare as it joins: killed before its promotion, it cannot be used.)
+    if (plan is not None and plan.spares_left() > 0 and failures and failures[0].get("promoted", 0) == 0
+            and r.get("launches", 1) == 1 and not any(k.relation == "replacement-join" for k in plan.kills)):
         f = failures[0]
         problems.append(("spare-unused", [f"{plan.spares_left()} hot spare(s) left, but the failure at step "
                                           f"{f.get('step', 0) + 1} promoted none (lost {f.get('lost')}, "
@@ -699,6 +900,19 @@ def summary(results):
         lines.append(f"{p.name:<16} {avail:<9} {len(mine):>6} {ok:>5} {len(mine) - ok:>5}  {p.summary}")
     ok = sum(1 for r in results if r["passed"])
     lines.append(f"{'all':<16} {'':<9} {len(results):>6} {ok:>5} {len(results) - ok:>5}")
+    outcomes = {o: sum(1 for r in results if r.get("outcome") == o) for o in ("in place", "fallback", "wrong")}
+    lines += ["", "outcomes: " + ", ".join(f"{o} {k}" for o, k in outcomes.items())]
+    backs = sorted(r["back_s"] for r in results if r.get("outcome") == "fallback" and r.get("back_s") is not None)
+    if backs:
+        lines.append(f"fallback, kill -> back at the failed step: median {statistics.median(backs):.1f} s, "
+                     f"min {backs[0]:.1f} s, max {backs[-1]:.1f} s ({len(backs)} trials)")
+    rem = {}
+    for r in results:
+        for c in r.get("remarks", {}):
+            rem.setdefault(c, []).append(r["trial"])
+    if rem:
+        lines.append("remarks (inside jobs that ended right): "
+                     + "; ".join(f"{c} {len(ts)} ({' '.join(map(str, ts[:12]))})" for c, ts in sorted(rem.items())))
     classes = {}
     for r in results:
         for c in r["classes"]:
@@ -754,6 +968,12 @@ def main():
                     "(comma-separated, default 0,1,2; 0: no spares, the plans of the driver before them)")
     ap.add_argument("--link-cuts", type=float, default=0.1, help="the chance that a trial's first member kill is "
                     "a cut of its data link on the test bed instead (hpc/net/; needs root; default 0.1, 0: none)")
+    ap.add_argument("--node-loss", type=float, default=0.15, help="the chance that a trial loses a host of the bed "
+                    f"instead ({NODE_HOSTS} hosts x {SLOTS} ranks; needs root; default 0.15, 0: none)")
+    ap.add_argument("--launcher-kills", type=float, default=0.05, help="the chance that a trial kills mpirun instead "
+                    "(default 0.05, 0: none)")
+    ap.add_argument("--join-kills", type=float, default=0.5, help="the chance that a trial with a replacement kills "
+                    "it while it joins, or kills the spawning root during the spawn (default 0.5, 0: none)")
     ap.add_argument("--dry-run", action="store_true", help="print the plans, run nothing")
     ap.add_argument("--rejudge", metavar="RESULTS", help="classify a results file's failed trials again from "
                     "their logs and print the summary; runs nothing")
@@ -774,11 +994,20 @@ def main():
     # What the plans depend on besides seed and trial, for the replay command.
     if not 0 <= a.link_cuts <= 1:
         ap.error(f"--link-cuts {a.link_cuts}: a chance, between 0 and 1")
+    for name in ("node_loss", "launcher_kills", "join_kills"):
+        if not 0 <= getattr(a, name) <= 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(a, name)}: a chance, between 0 and 1")
+    if a.node_loss + a.launcher_kills > 1:
+        ap.error("--node-loss and --launcher-kills together: at most 1")
     plan_options = (f" --algorithms {','.join(algorithms)}" if algorithms else "") + \
         (f" --spares {','.join(map(str, spares))}" if spares != [0, 1, 2] else "") + \
-        (f" --link-cuts {a.link_cuts}" if a.link_cuts != 0.1 else "")
+        (f" --link-cuts {a.link_cuts}" if a.link_cuts != 0.1 else "") + \
+        (f" --node-loss {a.node_loss}" if a.node_loss != 0.15 else "") + \
+        (f" --launcher-kills {a.launcher_kills}" if a.launcher_kills != 0.05 else "") + \
+        (f" --join-kills {a.join_kills}" if a.join_kills != 0.5 else "")
     indices = [int(k) for k in a.only.split(",")] if a.only else list(range(1, a.trials + 1))
-    plans = [make_plan(a.seed, k, algorithms, spares, a.link_cuts) for k in indices]
+    plans = [make_plan(a.seed, k, algorithms, spares, a.link_cuts, a.node_loss, a.launcher_kills, a.join_kills)
+             for k in indices]
     if a.patterns:
         want = set(a.patterns.split(","))
         unknown = want - {p.name for p in PATTERNS}
@@ -800,10 +1029,11 @@ def main():
     if not os.path.exists(f"{FASHION_MNIST}/train-images-idx3-ubyte.gz"):
         print(f"SKIP chaos: {FASHION_MNIST} is not installed (mpi_scripts/setup.sh installs it)")
         return 77
-    bed = max((pl.procs() for pl in plans if pl.on_bed()), default=0)
+    bed = max((pl.bed_hosts()[0] for pl in plans if pl.on_bed()), default=0)
     if bed:
         if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-            print("SKIP chaos: link cuts need the test bed (root, ip, tc); run with --link-cuts 0 without them")
+            print("SKIP chaos: link cuts and node losses need the test bed (root, ip, tc); run with --link-cuts 0 "
+                  "--node-loss 0 without them")
             return 77
         up = subprocess.run([f"{NET}/testbed.sh", "up", str(bed), "unlimited"], capture_output=True, text=True,
                             timeout=120)
@@ -838,7 +1068,10 @@ def main():
             problems.append(("reference-failed", [f"the failure-free {pl.reference_key()} run failed"]))
         done = [e for e in r["events"] if e.get("event") == "done"]
         acc = done[-1]["test_accuracy"] if done else None
-        res = {"trial": pl.index, "seed": a.seed, "plan": dataclasses.asdict(pl), "describe": pl.describe(),
+        outcome = "wrong" if problems else ("in place" if r["launches"] <= 1 else "fallback")
+        notes = remarks(r) if not problems else []
+        res = {"trial": pl.index, "outcome": outcome, "launches": r["launches"], "back_s": r["back_s"],
+               "remarks": {c: ev for c, ev in notes}, "seed": a.seed, "plan": dataclasses.asdict(pl), "describe": pl.describe(),
                "patterns": names, "passed": not problems, "classes": [c for c, _ in problems],
                "evidence": {c: ev for c, ev in problems}, "rc": r["rc"], "hung": r["hung"], "wall_s": r["wall_s"],
                "fired": r["fired"], "kill_times_s": r["kill_times_s"], "notes": r["notes"], "audit": r["audit"],
@@ -854,7 +1087,9 @@ def main():
             shutil.rmtree(logs)
         fired = f"{sum(r['fired'])}/{len(pl.kills)} kills at {r['kill_times_s']} s"
         accs = f"acc {100 * acc:.2f}%" if acc is not None else "no done"
-        verdict = "PASS" if not problems else "FAIL " + ",".join(res["classes"])
+        verdict = f"PASS {outcome}" if not problems else "FAIL " + ",".join(res["classes"])
+        if outcome == "fallback":
+            verdict += f" ({r['launches']} launches, back at the failed step {r['back_s']} s after the kill)"
         print(f"trial {pl.index:3d}: {verdict} (exit {r['rc']}, {r['wall_s']} s, {fired}, {accs}, "
               f"{res['failures']} failure events" + (f", {res['promoted']} spares promoted" if pl.spares else "")
               + ")", flush=True)
@@ -863,6 +1098,8 @@ def main():
                 print(f"    {c}: {line}", flush=True)
         for note in r["notes"]:
             print(f"    note: {note}", flush=True)
+        for c, ev in notes:
+            print(f"    remark {c}: {ev[0] if ev else ''}", flush=True)
         if problems:
             print(f"    replay: {res['replay']}   logs: {logs}", flush=True)
 
