@@ -86,6 +86,19 @@ pid_of_rank() {
   return 1
 }
 
+# The pid of a process of this job that MPI_Comm_spawn started (a world of its own, of size 1), if any.
+pid_of_spawned() {
+  local p
+  for p in $(pgrep -f -- "--audit-dir $d/audit"); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sinew-train ] || continue
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_SIZE=1"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
 # Waits until the metrics show step >= S (or gives up after 60 s).
 wait_for_step() {
   local s=$1 i
@@ -231,6 +244,65 @@ case "$scenario" in
     rc=$?
     check_exit_after_done 10 || rc=1
     check $rc --failures 1 --field failure.promoted=1 --field failure.spawn_ms=0 --final-world-size 4
+    ;;
+  replacement-join)
+    # The replacement is killed while it joins: rank 3 dies at step 30, the group spawns a replacement, and
+    # that process is killed (kill -9) the moment it appears, in its start-up or its join. The group sees
+    # one more failure (or gives up on the spawn at its deadline) and goes on in place: done, the audit
+    # exact, and the job exits within seconds of its done line (no process of the spawn left waiting).
+    run 150 --step-sleep-ms 10 --spawn-timeout-ms 10000 --inject-fault 3:backward:30 &
+    job=$!
+    p=
+    for _ in $(seq 1500); do p=$(pid_of_spawned) && break; sleep 0.02; done
+    [ -n "$p" ] && kill -9 "$p"
+    wait $job
+    rc=$?
+    [ -n "$p" ] || { echo "FAIL $scenario: no replacement was spawned"; tail -n 30 "$d/out.txt"; exit 1; }
+    echo "killed the replacement (pid $p) as it joined"
+    check_exit_after_done 10 || rc=1
+    check $rc --event grow
+    ;;
+  spare-join)
+    # A hot spare killed as it is promoted: rank 1 dies at step 30, and the spare (launch rank 4) is killed
+    # (kill -9) 20 ms later, while the pool promotes it and sends it the state. The group finds it dead too
+    # and spawns instead: back to 4, in place.
+    n=5 run 150 --spares 1 --step-sleep-ms 10 --spawn-timeout-ms 10000 --inject-fault 1:allreduce:30 &
+    job=$!
+    spare= victim=
+    for _ in $(seq 600); do spare=$(pid_of_rank 4) && victim=$(pid_of_rank 1) && break; sleep 0.05; done
+    if [ -n "$victim" ]; then
+      while [ -d "/proc/$victim" ] && [ "$(cut -d' ' -f3 "/proc/$victim/stat" 2>/dev/null)" != Z ]; do sleep 0.002; done
+      sleep 0.02  # rank 1 has died: the pool is promoting the spare
+      kill -9 "$spare"
+    fi
+    wait $job
+    rc=$?
+    [ -n "$spare" ] || { echo "FAIL $scenario: no spare found"; exit 1; }
+    check_exit_after_done 10 || rc=1
+    check $rc --final-world-size 4
+    ;;
+  spawn-root)
+    # The spawning root dies during the spawn: rank 3 dies at step 30, and launch rank 0, the view's rank 0
+    # and so the root of MPI_Comm_spawn, dies as the spawn starts (fault point spawn). The spawn fails at the
+    # others or passes its deadline; they agree, see the failure, shrink and spawn again with a new root.
+    run 150 --spawn-timeout-ms 5000 --inject-fault 3:backward:30 --inject-fault 0:spawn:30
+    rc=$?
+    check_exit_after_done 10 || rc=1
+    check $rc --event grow --final-world-size 4
+    ;;
+  killed-mpirun)
+    # mpirun itself is killed (kill -9) at step 30, under sinew-run: every rank leaves at once (its launcher
+    # is gone: no rank trains on unseen), and sinew-run relaunches at the same size from the state in node
+    # memory, at the step where it stopped.
+    timeout -k 5 200 "$root/mpi_scripts/sinew-run" -n $n --events "$d/supervise.jsonl" -- "$train" \
+      "${common[@]}" --timeout-ms 30000 --step-sleep-ms 10 >"$d/out.txt" 2>&1 &
+    job=$!
+    wait_for_step 30 && pkill -9 -f -- "^[^ ]*(prterun|mpirun) .*--audit-dir $d/audit"
+    wait $job
+    rc=$?
+    grep -q '"generation":1,"ranks":4' "$d/supervise.jsonl" || { echo "FAIL $scenario: no relaunch at 4 ranks"; tail -n 30 "$d/out.txt"; exit 1; }
+    grep -q '"event":"resume".*\.bin"' "$d/metrics.jsonl" || { echo "FAIL $scenario: the relaunch did not resume from node memory"; tail -n 30 "$d/out.txt"; exit 1; }
+    check $rc --event resume --final-world-size 4
     ;;
   spare-job-server)
     # The job server shrinks the group (members leave the pool) and grows it again from a spare.
