@@ -14,6 +14,12 @@ Spawn:     --grow true, no spares: as in place, then spawn (MPI_Comm_spawn of th
            and data loading, merge, rebuild and state sync of the grown view); back to N.
 Restart:   detect (kill -> the job has exited), relaunch (mpirun, MPI start-up, data loading),
            checkpoint load, first step, and the replay of the steps lost since that checkpoint.
+Node loss: on the shaped test bed (hpc/net/, one rank per host, unshaped links; needs root), the host of
+           the same rank is lost at the same step: its links go dark, its rank and PRRTE daemon are killed,
+           its /dev/shm emptied. PRRTE ends the whole job when it loses a daemon, so this is never in place:
+           sinew-run relaunches on the hosts left, from the checkpoint and then the state the nodes kept in
+           memory (--state-mirror). Parts: detect (loss -> the job has exited), relaunch, checkpoint load,
+           memory load, first step, replay (none: the memory holds the last step).
 
 Each is measured from the kill (the injected fault's unix_time) until training is back at the failed step:
 in place, spare and spawn as the failure event's detected_unix_time minus the kill, plus the recovered
@@ -50,10 +56,11 @@ def env():
 FAIL_STEP = 60
 CKPT_EVERY = 50
 BATCH = 64
-MODES = ["in place", "spare", "spawn", "restart"]
+MODES = ["in place", "spare", "spawn", "restart", "node loss"]
 # Rows of the table, in the order they happen (a mode shows "-" for a part it does not have).
 PARTS = ["detect", "revoke", "shrink", "agree", "rebuild", "state sync", "spawn", "relaunch",
-         "checkpoint load", "first step", "replay", "other"]
+         "checkpoint load", "memory load", "first step", "replay", "other"]
+NET = os.path.join(ROOT, "hpc/net")
 
 
 def in_place_modes(ranks):
@@ -67,7 +74,8 @@ def in_place_modes(ranks):
 
 def mode_labels(ranks):
     return {"in place": f"in place (ULFM, {ranks - 1} left)", "spare": f"hot spare ({ranks}+1)",
-            "spawn": "spawn (ULFM + spawn)", "restart": "restart (relaunch)"}
+            "spawn": "spawn (ULFM + spawn)", "restart": "restart (relaunch)",
+            "node loss": f"node lost (relaunch, {ranks - 1} hosts)"}
 
 
 def common(d, ranks):
@@ -129,8 +137,10 @@ def in_place(mode, ranks, mpirun, flags, train):
 
 def restart(ranks, train):
     with tempfile.TemporaryDirectory() as d:
+        # From the checkpoint alone (--state-mirror none): the classic restart; the node-loss column shows the
+        # relaunch from node memory.
         r = subprocess.run([f"{ROOT}/mpi_scripts/sinew-supervise", "-n", str(ranks), "--events", f"{d}/sup.jsonl",
-                            "--", train, *common(d, ranks), "--grow", "false", "--elastic", "restart"],
+                            "--state-mirror", "none", "--", train, *common(d, ranks), "--grow", "false", "--elastic", "restart"],
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"restart run failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -153,6 +163,58 @@ def restart(ranks, train):
         return parts, total, {"world_size": ranks, "launched": ranks}
 
 
+def node_loss(ranks, train):
+    """One run: a bed host lost at the failed step, sinew-run relaunching on the hosts left."""
+    import time
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/hosts", "w") as f:
+            f.writelines(f"sinew-h{h} slots=1\n" for h in range(1, ranks + 1))
+        opts = [o for o in common(d, ranks)]
+        i = opts.index("--inject-fault")
+        del opts[i:i + 2]  # the loss comes from outside
+        job = subprocess.Popen([f"{ROOT}/mpi_scripts/sinew-run", "--mpirun", f"{NET}/mpirun.sh --as-mpirun",
+                                "--hostfile", f"{d}/hosts", "--events", f"{d}/sup.jsonl", "--", train, *opts,
+                                "--grow", "false"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        victim = min(2, ranks - 1)
+        t_kill = None
+        deadline = time.time() + 300
+        while t_kill is None and job.poll() is None and time.time() < deadline:
+            try:
+                with open(f"{d}/metrics.jsonl") as f:
+                    steps = [json.loads(l)["step"] for l in f if '"loss"' in l]
+            except FileNotFoundError:
+                steps = []
+            if steps and max(steps) >= FAIL_STEP - 1:  # the loss lands in step FAIL_STEP
+                t_kill = time.time()
+                subprocess.run([f"{NET}/testbed.sh", "lose", str(victim + 1)], check=True, capture_output=True)
+            time.sleep(0.002)
+        out, _ = job.communicate(timeout=300)
+        if job.returncode != 0 or t_kill is None:
+            raise SystemExit(f"node loss run failed ({job.returncode}, loss at {t_kill}):\n{out[-3000:]}")
+        sup = events(f"{d}/sup.jsonl")
+        t_exit = next(e for e in sup if e["event"] == "exit" and e["generation"] == 0)["unix_time"]
+        last = max(e["generation"] for e in sup if e["event"] == "launch")
+        t_launch = next(e for e in sup if e["event"] == "launch" and e["generation"] == last)["unix_time"]
+        ev = events(f"{d}/metrics.jsonl")
+        before = max(e["step"] for e in ev if "loss" in e and e["unix_time"] < t_launch)
+        res = [e for e in ev if e.get("event") == "resume" and e.get("generation") == last]
+        mem = next((e for e in res if e["path"].endswith(".bin")), None)
+        if mem is None:
+            raise SystemExit(f"node loss run did not resume from node memory: {res}\n{out[-2000:]}")
+        ckpt_ms = sum(e["load_ms"] for e in res if e is not mem)
+        i = ev.index(mem)
+        steps = [e for e in ev[i:] if "loss" in e and "event" not in e]
+        first, back = steps[0], next(e for e in steps if e["step"] > before)
+        t_res = mem["unix_time"]
+        relaunch = (t_res - t_exit) * 1e3 - ckpt_ms - mem["load_ms"]
+        parts = {"detect": (t_exit - t_kill) * 1e3, "relaunch": relaunch, "checkpoint load": ckpt_ms,
+                 "memory load": mem["load_ms"], "first step": (first["unix_time"] - t_res) * 1e3,
+                 "replay": (back["unix_time"] - first["unix_time"]) * 1e3}
+        total = (back["unix_time"] - t_kill) * 1e3
+        return parts, total, {"world_size": mem["world_size"], "launched": ranks, "launches": last + 1,
+                              "resumed_step": mem["step"], "failed_step": before + 1}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=4, help="training ranks before the failure (default 4)")
@@ -169,11 +231,23 @@ def main():
     train = a.train or f"{build}/apps/sinew-train"
     if not os.access(train, os.X_OK):
         raise SystemExit(f"recovery_bench: {train} is not an executable (build it, or pass --train)")
+    if os.geteuid() != 0:
+        raise SystemExit("recovery_bench: the node-loss column needs the test bed (root: network namespaces)")
+    subprocess.run([f"{NET}/testbed.sh", "up", str(a.ranks), "unlimited"], check=True, capture_output=True)
     runs = {mode: [] for mode in MODES}
-    for k in range(a.rounds):
-        for mode in MODES:
-            runs[mode].append(restart(a.ranks, train) if mode == "restart"
-                              else in_place(mode, a.ranks, mpirun, flags, train))
+    try:
+        for k in range(a.rounds):
+            for mode in MODES:
+                if mode == "node loss":
+                    subprocess.run([f"{NET}/testbed.sh", "heal"], check=True, capture_output=True)
+                    runs[mode].append(node_loss(a.ranks, train))
+                else:
+                    runs[mode].append(restart(a.ranks, train) if mode == "restart"
+                                      else in_place(mode, a.ranks, mpirun, flags, train))
+            print(f"round {k + 1}/{a.rounds}: " + ", ".join(f"{m} {runs[m][-1][1]:.1f} ms" for m in MODES),
+                  file=sys.stderr)
+    finally:
+        subprocess.run([f"{NET}/testbed.sh", "down"], capture_output=True)
         print(f"round {k + 1}/{a.rounds}: " + ", ".join(f"{m} {runs[m][-1][1]:.1f} ms" for m in MODES),
               file=sys.stderr)
     out = {}
@@ -188,6 +262,7 @@ def main():
     out["restart_over_in_place"] = out["restart"]["total_ms"] / out["in place"]["total_ms"]
     out["restart_over_spare"] = out["restart"]["total_ms"] / out["spare"]["total_ms"]
     out["spawn_over_spare"] = out["spawn"]["total_ms"] / out["spare"]["total_ms"]
+    out["node_loss_over_restart"] = out["node loss"]["total_ms"] / out["restart"]["total_ms"]
     print(table(out, a.rounds, a.ranks))
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     with open(a.json, "w") as f:
@@ -215,7 +290,11 @@ def table(out, rounds, ranks):
     for m in MODES:
         lines.append(f"# {m} rounds: " + ", ".join(f"{t:.1f}" for t in out[m]["totals_ms"]))
     lines.append(f"# restart / spare = {out['restart_over_spare']:.1f}x, spawn / spare = "
-                 f"{out['spawn_over_spare']:.1f}x, restart / in place = {out['restart_over_in_place']:.1f}x")
+                 f"{out['spawn_over_spare']:.1f}x, restart / in place = {out['restart_over_in_place']:.1f}x, "
+                 f"node loss / restart = {out['node_loss_over_restart']:.2f}x")
+    nl = out["node loss"]
+    lines.append(f"# node loss: on the bed, one rank per host; relaunched in {nl['launches']} launches, resumed "
+                 f"from node memory at step {nl['resumed_step']} (the failed step: {nl['failed_step']})")
     return "\n".join(lines)
 
 
@@ -225,8 +304,8 @@ def plot(out, png, ranks):
     import matplotlib.pyplot as plt
     colors = dict(zip(PARTS, plt.get_cmap("tab20").colors))
     longest = max(out[m]["total_ms"] for m in MODES)
-    fig, ax = plt.subplots(figsize=(8.5, 3.8))
-    order = ["spare", "in place", "spawn", "restart"]  # fastest at the bottom
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
+    order = ["spare", "in place", "spawn", "node loss", "restart"]  # fastest at the bottom
     for y, mode in enumerate(order):
         left = 0
         for k, v in out[mode]["parts_ms"].items():
