@@ -27,20 +27,31 @@ process stays alive, unreachable, and must be excluded by the failure detector (
 --stall-timeout-ms, 10 s) while the others go on. Kills drawn relative to a cut count their delay from
 the exclusion (the cut plus 10 s), so that "during recovery" still means during the recovery.
 
-A trial passes when mpirun exits 0 before the deadline, the `done` event is written, the test accuracy
-is at most --tolerance points below a failure-free reference run of the same configuration (run once per
-configuration and sinew-train binary, cached in --out; hot spares, checkpoints and growth do not change
-the training, so the reference is keyed by size and algorithm only), the exactly-once audit
-(mpi_scripts/check-audit.py) holds, and, with a spare left at the first failure, that failure was
-replaced by a spare (spare-unused otherwise). A failed trial is classified from its exit status, metrics
-and output (hang before/after done, nonzero exit after or before done, the spawn watchdog's abort, a rank
-exiting on MPI_ERR_REVOKED or another error, accuracy, audit, spare-unused), with the evidence lines.
+Node losses (--node-loss P, default 0.15), killed mpiruns (--launcher-kills, 0.05) and kills of a
+joining replacement or of the spawning root (--join-kills, 0.5) come from streams of their own too. A
+node-loss trial runs 8 ranks on 4 bed hosts (2 each) and loses one of hosts 2-4 at a step (testbed.sh
+lose: links dark, its ranks and PRRTE daemon killed, its /dev/shm emptied); a killed-mpirun trial kills
+mpirun at a step; either may add a kill of a rank of the relaunch while it starts (during-relaunch).
+
+Every job runs under the supervisor (mpi_scripts/sinew-run): in place when it can, relaunched when it
+cannot. A trial passes when the supervisor exits 0 before the deadline, the `done` event is written, the
+test accuracy is at most --tolerance points below a failure-free reference run of the same configuration
+(run once per configuration and sinew-train binary, cached in --out; hot spares, checkpoints and growth
+do not change the training, so the reference is keyed by size and algorithm only), the exactly-once audit
+(mpi_scripts/check-audit.py) holds, and, with a spare left at the first failure and the job in place, that
+failure was replaced by a spare (spare-unused otherwise). Its outcome is "in place" (one launch),
+"fallback" (relaunched; with the time from the first kill until training was back at the failed step) or
+"wrong". A wrong trial is classified from its exit status, metrics and output (hang before/after done,
+nonzero exit after or before done, no done, accuracy, audit, spare-unused, and for a job without done the
+spawn watchdog's abort or a rank exiting on an error), with the evidence lines; in a trial that ended
+right those last ones are remarks, counted in the summary.
 
 Patterns live in one registry (PATTERNS): a relation pattern draws a further kill relative to an earlier
 one; a tag pattern only classifies plans.
 
 usage: chaos.py [--trials N] [--seed S] [--only K[,K...]] [--patterns P,...] [--algorithms A,...]
-                [--spares K,...] [--link-cuts P] [--deadline S] [--out DIR] [--json FILE] [--train BIN] [--dry-run]
+                [--spares K,...] [--link-cuts P] [--node-loss P] [--launcher-kills P] [--join-kills P]
+                [--deadline S] [--out DIR] [--json FILE] [--train BIN] [--dry-run]
                 [--rejudge RESULTS]
        (run from the repository root with /usr/bin/python3; exit 0 all passed, 1 some failed,
        77 ULFM or Fashion-MNIST missing)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # chaos.short: a short, fixed run of the chaos driver (hpc/chaos/chaos.py): 10 seeded trials of compound
 # failures (simultaneous kills, launch rank 0, a kill during the recovery and during the spawn of a
-# replacement, hot spares: an idle one killed, a promoted one killed, spares used up then spawning), each
-# against its deadline, judged on exit status, done, accuracy against a failure-free reference and the
-# exactly-once audit. Only gradient_allreduce: one configuration (one reference run); the long run
-# (`chaos.py --trials 200`) draws every algorithm.
+# replacement, hot spares: an idle one killed, a promoted one killed, spares used up then spawning, the
+# replacement killed as it joins, the spawning root killed), each under sinew-run and against its deadline,
+# judged on exit status, done, accuracy against a failure-free reference and the exactly-once audit. Only
+# gradient_allreduce: one configuration (one reference run); the long run (`chaos.py --trials 200`) draws
+# every algorithm, and node losses and killed mpiruns besides.
 #
 # Seed 252, trials 1-10 (`chaos.py --dry-run --seed 252 --trials 10 --algorithms gradient_allreduce`):
-# simultaneous 4, during-recovery 3, during-spawn 1, rank0 2, external 6, checkpoint 1, grow 5, spares 4,
-# spares-exhausted 4, idle-spare 2, promoted-spare 1, sequential 1, single 3.
+# single 3, sequential 1, simultaneous 4, during-recovery 3, during-spawn 1, rank0 2, external 7,
+# checkpoint 1, grow 5, spares 4, spares-exhausted 4, idle-spare 2, promoted-spare 2, replacement-join 1,
+# spawn-root 1.
 #
 # Usage: chaos_short.sh WORKDIR [chaos.py options...]   (tests/cli/CMakeLists.txt passes --train)
 # Exit: 0 all trials passed, 1 a trial failed (its evidence and replay command are printed, its logs kept in
