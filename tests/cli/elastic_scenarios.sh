@@ -249,8 +249,11 @@ case "$scenario" in
     # The replacement is killed while it joins: rank 3 dies at step 30, the group spawns a replacement, and
     # that process is killed (kill -9) the moment it appears, in its start-up or its join. The group sees
     # one more failure (or gives up on the spawn at its deadline) and goes on in place: done, the audit
-    # exact, and the job exits within seconds of its done line (no process of the spawn left waiting).
-    run 150 --step-sleep-ms 10 --spawn-timeout-ms 10000 --inject-fault 3:backward:30 &
+    # exact, one launch, and the job exits within seconds of its done line. Under sinew-run: mpirun itself
+    # returns non-zero (PRRTE saw a process of the job killed), and the job has finished all the same.
+    timeout -k 5 150 "$root/mpi_scripts/sinew-run" -n $n --events "$d/supervise.jsonl" -- "$train" \
+      "${common[@]}" --timeout-ms 30000 --step-sleep-ms 10 --spawn-timeout-ms 10000 --inject-fault 3:backward:30 \
+      >"$d/out.txt" 2>&1 &
     job=$!
     p=
     for _ in $(seq 1500); do p=$(pid_of_spawned) && break; sleep 0.02; done
@@ -259,6 +262,7 @@ case "$scenario" in
     rc=$?
     [ -n "$p" ] || { echo "FAIL $scenario: no replacement was spawned"; tail -n 30 "$d/out.txt"; exit 1; }
     echo "killed the replacement (pid $p) as it joined"
+    [ "$(grep -c '"event":"launch"' "$d/supervise.jsonl")" -eq 1 ] || { echo "FAIL $scenario: not in place (relaunched)"; exit 1; }
     check_exit_after_done 10 || rc=1
     check $rc --event grow
     ;;

@@ -37,6 +37,7 @@ void CheckpointPolicy::save(Fabric& fabric, const char* why, bool async) {
   if (writer == nullptr) return;
   try {
     fabric.algorithm().consensus();  // one model: decentralized ranks' models differ between consensus points
+    if (!fabric.algorithm().lockstep()) state_.mirror();  // the one model into the node's copy as well
     auto snap = [&] { return state_.snapshot_ref(fabric.algorithm(), fabric.size(), config_json_); };
     if (async) {
       if (writer->save_async(snap())) pending_reason_ = why;

@@ -222,7 +222,6 @@ void ReplicatedState::mark_agreed() {
   const auto all = tensors();
   agreed_.resize(all.size());
   for (std::size_t i = 0; i < all.size(); ++i) agreed_[i].assign(all[i].second.begin(), all[i].second.end());
-  mirror();
 }
 
 double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options& op, bool rewind) {

@@ -128,8 +128,9 @@ class ReplicatedState {
   [[nodiscard]] bool mirrored() const noexcept { return mirror_ != nullptr; }
   /// Whether this process writes its node's mirror (the view's lowest rank on the node).
   void set_mirror_writer(bool writer) noexcept { mirror_writer_ = writer; }
-  /// After a step the group will not undo (a lockstep step, or an agreement: mark_agreed() calls it): the
-  /// state into the mirror, on a writer.
+  /// Once every member holds this state, the group's one model at a step it will not undo (after a lockstep
+  /// step; with the algorithms whose ranks step on their own, after a consensus: at an agreement their
+  /// models still differ, and one rank's model is not the group's): the state into the mirror, on a writer.
   void mirror();
   /// If the node's mirror holds a state newer than this one (a relaunch after a failure): loads its tensors
   /// and position (the fields a checkpoint sets, see load()) and returns its step.

@@ -344,7 +344,11 @@ struct Session::Impl {
     auto& f = fabric();
     // Evaluate the group's one model. n, the test set's size, is the same on every rank: with none there is
     // nothing to evaluate, and a consensus of a large model on a slow link takes a minute.
-    if (n > 0) f.algorithm().consensus();
+    if (n > 0) {
+      f.algorithm().consensus();
+      // The ranks' models are one now: the node's copy of the state (lockstep algorithms keep it every step).
+      if (!f.algorithm().lockstep()) state.mirror();
+    }
     const auto r = static_cast<std::size_t>(f.rank());
     const auto w = static_cast<std::size_t>(f.size());
     return {n * r / w, n * (r + 1) / w};
