@@ -769,14 +769,17 @@ def run_job(plan, train, mpirun, flags, deadline_s, keep_dir):
             shutil.copy(f"{d}/sup.jsonl", f"{keep_dir}/sup.jsonl")
         # A fallback's cost: from the first kill to training back at the step where it failed, i.e. the end
         # of the first step that the last launch completed beyond the newest step the failed launch made.
+        # The last launch's records are those after its `start` event (in the file's order: a process of an
+        # earlier launch that outlived its mpirun by a moment may still have logged a step after the relaunch
+        # began).
         back_s = None
         starts = [e["unix_time"] for e in launches if e["event"] == "launch"]
         if len(starts) > 1 and first:
-            steps = []
             with open(f"{d}/metrics.jsonl") as f:
-                steps = [json.loads(l) for l in f if '"loss"' in l and '"step"' in l]
-            before = max((e["step"] for e in steps if e["unix_time"] < starts[-1]), default=0)
-            after = [e["unix_time"] for e in steps if e["unix_time"] >= starts[-1] and e["step"] > before]
+                recs = [json.loads(l) for l in f if l.strip()]
+            last = max((i for i, e in enumerate(recs) if e.get("event") == "start"), default=0)
+            before = max((e["step"] for e in recs[:last] if "loss" in e and "event" not in e), default=0)
+            after = [e["unix_time"] for e in recs[last:] if "loss" in e and "event" not in e and e["step"] > before]
             if after:
                 back_s = round(min(after) - first, 2)
         return {"rc": rc, "hung": hung, "wall_s": round(wall, 1), "fired": [t is not None for t in times],
