@@ -1,6 +1,9 @@
 // The repair deadlines (membership/repair_watch.hpp): a call past its deadline is acted on by the watch's
 // own thread while the calling thread stays blocked; a call that returns in time is not.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -93,4 +96,42 @@ TEST(RepairWatchDeathTest, TheDefaultLeavesWithExitCode75AndSaysWhatWasStuck) {
       testing::ExitedWithCode(75),
       "revoke and shrink \\(attempt 2\\) did not return within 0.1 s: stuck inside the MPI library.*exiting "
       "for a relaunch from the latest checkpoint \\(exit code 75\\)");
+}
+
+// A process whose launcher daemon dies leaves (exit 75) instead of training on unseen: here the "daemon" is
+// a child that forks the "rank" and exits; the rank is reparented to this process (a subreaper, as init
+// would take it), notices within 0.2 s, says so and exits 75, which this process passes on.
+TEST(RepairWatchDeathTest, AProcessWhoseLauncherDiesLeavesWithExitCode75) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+        int ready[2];
+        if (::pipe(ready) != 0) std::_Exit(2);
+        const pid_t daemon = ::fork();
+        if (daemon == 0) {
+          if (::fork() == 0) {  // the rank
+            RepairWatch::leave_when_orphaned();
+            char c = 1;
+            (void)!::write(ready[1], &c, 1);
+            std::this_thread::sleep_for(std::chrono::seconds(10));
+            std::_Exit(0);  // not reached: it leaves when its parent is gone
+          }
+          char c = 0;
+          (void)!::read(ready[0], &c, 1);
+          std::_Exit(0);  // the daemon dies
+        }
+        ::waitpid(daemon, nullptr, 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        int status = 0;
+        while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+          if (::waitpid(-1, &status, WNOHANG) > 0) std::_Exit(WIFEXITED(status) ? WEXITSTATUS(status) : 3);
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        std::_Exit(4);  // the rank did not leave within 5 s
+      },
+      testing::ExitedWithCode(75),
+      "the launcher's process on this node \\(pid [0-9]+\\) is gone: leaving without MPI_Finalize, exiting "
+      "for a "
+      "relaunch from the latest checkpoint \\(exit code 75\\)");
 }
