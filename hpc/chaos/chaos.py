@@ -136,6 +136,8 @@ class Kill:
         if self.how == "link":
             return f"cut r{self.rank}'s link at step {self.step}"
         if self.how == "node":
+            if self.after >= 0:
+                return f"lose host {self.rank} {1000 * self.delay_s:.0f}ms after #{self.after + 1}"
             return f"lose host {self.rank} at step {self.step}"
         if self.how == "launcher":
             return f"kill -9 mpirun at step {self.step}"
@@ -358,7 +360,9 @@ PATTERNS = [
     Pattern("link-cuts", "a member's data link cut on the test bed",
             matches=lambda plan: any(k.how == "link" for k in plan.kills)),
     # Drawn by make_plan from streams of their own (--node-loss, --launcher-kills, --join-kills):
-    Pattern("node-loss", f"a bed host lost ({NODE_HOSTS} hosts x {SLOTS} ranks): ranks, daemon, its /dev/shm"),
+    Pattern("node-loss", f"a bed host lost ({NODE_HOSTS} hosts x {SLOTS} ranks): ranks, daemon, its /dev/shm",
+            matches=lambda plan: any(k.how == "node" for k in plan.kills)),
+    Pattern("node-loss-in-recovery", "a bed host lost 10-40 ms after a rank on another host died"),
     Pattern("killed-mpirun", "mpirun killed with kill -9"),
     Pattern("during-relaunch", "a rank of the supervisor's relaunch killed while it starts"),
     Pattern("replacement-join", "the replacement (spawned or a promoted spare) killed while it joins"),
@@ -390,7 +394,7 @@ def draw_join_kill(rng, plan):
 
 
 def make_plan(seed, index, algorithms=None, spares=(0, 1, 2), link_cuts=0.0, node_loss=0.0, launcher_kills=0.0,
-              join_kills=0.0):
+              join_kills=0.0, recovery_node_loss=0.0):
     """The plan of trial `index`: a function of (seed, index, algorithms, spares, link_cuts, node_loss,
     launcher_kills, join_kills) only, so that one trial can be replayed. The hot spares (and an idle spare's
     kill), the link cuts, the node losses, the mpirun kills and the join kills come from streams of their
@@ -437,6 +441,15 @@ def make_plan(seed, index, algorithms=None, spares=(0, 1, 2), link_cuts=0.0, nod
             plan.n, plan.hosts = NODE_HOSTS * SLOTS, NODE_HOSTS
             plan.kills.append(Kill(nrng.randint(2, NODE_HOSTS), "node", "node-loss",
                                    step=_training_step(nrng, plan, 8)))
+            # A stream of its own (default off), so that the plans above stay those of the runs documented:
+            # a rank on another host dies first, and the node is lost 10-40 ms later, during the recovery.
+            rrng = random.Random(f"sinew-chaos-recovery-nodes:{seed}:{index}")
+            if rrng.random() < recovery_node_loss:
+                lost = plan.kills[0]
+                rank = rrng.choice([r for r in range(plan.n) if r // SLOTS != lost.rank - 1])
+                plan.kills = [Kill(rank, "external", "first", step=lost.step),
+                              Kill(lost.rank, "node", "node-loss-in-recovery", after=0,
+                                   delay_s=round(rrng.uniform(0.010, 0.040), 4))]
         else:
             plan.kills.append(Kill(-1, "launcher", "killed-mpirun", step=_training_step(nrng, plan, 8)))
         if nrng.random() < 0.35:  # the relaunch has fewer ranks after a node loss: rank 0..3 exists in both
@@ -587,7 +600,10 @@ class Watcher:
     def other_kill(self, i, k, now):
         """The kills whose target is not a launch rank of the first launch; returns how long to sleep."""
         if k.how == "node":
-            if self.step >= k.step:
+            if k.after >= 0:  # during the recovery from kill `after`
+                if self.fired[k.after] is None or now < self.fired[k.after] + k.delay_s:
+                    return 0.002
+            if k.after >= 0 or self.step >= k.step:
                 lose = subprocess.run([f"{NET}/testbed.sh", "lose", str(k.rank)], capture_output=True, text=True,
                                       timeout=60)
                 if lose.returncode != 0:
@@ -984,6 +1000,9 @@ def main():
                     "a cut of its data link on the test bed instead (hpc/net/; needs root; default 0.1, 0: none)")
     ap.add_argument("--node-loss", type=float, default=0.15, help="the chance that a trial loses a host of the bed "
                     f"instead ({NODE_HOSTS} hosts x {SLOTS} ranks; needs root; default 0.15, 0: none)")
+    ap.add_argument("--recovery-node-loss", type=float, default=0.0, help="the chance that a node-loss trial "
+                    "first kills a rank on another host and loses the node 10-40 ms later, during the recovery "
+                    "(a stream of its own; default 0)")
     ap.add_argument("--launcher-kills", type=float, default=0.05, help="the chance that a trial kills mpirun instead "
                     "(default 0.05, 0: none)")
     ap.add_argument("--join-kills", type=float, default=0.5, help="the chance that a trial with a replacement kills "
@@ -1008,7 +1027,7 @@ def main():
     # What the plans depend on besides seed and trial, for the replay command.
     if not 0 <= a.link_cuts <= 1:
         ap.error(f"--link-cuts {a.link_cuts}: a chance, between 0 and 1")
-    for name in ("node_loss", "launcher_kills", "join_kills"):
+    for name in ("node_loss", "launcher_kills", "join_kills", "recovery_node_loss"):
         if not 0 <= getattr(a, name) <= 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)}: a chance, between 0 and 1")
     if a.node_loss + a.launcher_kills > 1:
@@ -1018,10 +1037,11 @@ def main():
         (f" --link-cuts {a.link_cuts}" if a.link_cuts != 0.1 else "") + \
         (f" --node-loss {a.node_loss}" if a.node_loss != 0.15 else "") + \
         (f" --launcher-kills {a.launcher_kills}" if a.launcher_kills != 0.05 else "") + \
-        (f" --join-kills {a.join_kills}" if a.join_kills != 0.5 else "")
+        (f" --join-kills {a.join_kills}" if a.join_kills != 0.5 else "") + \
+        (f" --recovery-node-loss {a.recovery_node_loss}" if a.recovery_node_loss else "")
     indices = [int(k) for k in a.only.split(",")] if a.only else list(range(1, a.trials + 1))
-    plans = [make_plan(a.seed, k, algorithms, spares, a.link_cuts, a.node_loss, a.launcher_kills, a.join_kills)
-             for k in indices]
+    plans = [make_plan(a.seed, k, algorithms, spares, a.link_cuts, a.node_loss, a.launcher_kills, a.join_kills,
+                       a.recovery_node_loss) for k in indices]
     if a.patterns:
         want = set(a.patterns.split(","))
         unknown = want - {p.name for p in PATTERNS}
