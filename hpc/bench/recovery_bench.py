@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -165,11 +166,10 @@ def restart(ranks, train):
 
 def node_loss(ranks, train):
     """One run: a bed host lost at the failed step, sinew-run relaunching on the hosts left."""
-    import time
     with tempfile.TemporaryDirectory() as d:
         with open(f"{d}/hosts", "w") as f:
             f.writelines(f"sinew-h{h} slots=1\n" for h in range(1, ranks + 1))
-        opts = [o for o in common(d, ranks)]
+        opts = common(d, ranks)
         i = opts.index("--inject-fault")
         del opts[i:i + 2]  # the loss comes from outside
         job = subprocess.Popen([f"{ROOT}/mpi_scripts/sinew-run", "--mpirun", f"{NET}/mpirun.sh --as-mpirun",

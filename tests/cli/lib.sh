@@ -37,6 +37,27 @@ expect() {
 }
 
 # need_fashion_mnist NAME: exits 77 (skipped) unless Fashion-MNIST is installed; sets fm to its folder.
+# need_testbed NAME: the shaped test bed (hpc/net/) needs root, ip and tc; skipped (exit 77) without them.
+need_testbed() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+    echo "SKIP $1: the test bed needs root, ip and tc (network namespaces)"
+    exit 77
+  fi
+}
+
+# testbed_up NAME HOSTS RATE LOG: brings the bed up (its output to LOG); skipped (exit 77) where network
+# namespaces are refused. The caller removes it (testbed.sh down) in its EXIT trap.
+testbed_up() {
+  local bed
+  bed="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/hpc/net/testbed.sh"
+  if ! "$bed" up "$2" "$3" >"$4" 2>&1; then
+    cat "$4"
+    "$bed" down >/dev/null 2>&1
+    echo "SKIP $1: the test bed could not be built here (network namespaces refused)"
+    exit 77
+  fi
+}
+
 need_fashion_mnist() {
   fm=/usr/share/datasets/fashion-mnist
   if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then

@@ -35,10 +35,7 @@ deadline_s=$((stall_ms / 1000 + 5))  # the stated exclusion deadline: the stall 
 
 . "$here/lib.sh"
 need_fashion_mnist "$scenario"
-if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-  echo "SKIP $scenario: the test bed needs root, ip and tc (network namespaces)"
-  exit 77
-fi
+need_testbed "$scenario"
 
 case $scenario in
   link-down) hosts=4; cut=(cut 3); extra=(--grow false); lost=1; promoted=0; final=3 ;;
@@ -50,12 +47,7 @@ esac
 
 mkdir -p "$workdir"
 d=$(mktemp -d -p "$workdir")
-if ! "$net/testbed.sh" up "$hosts" 50mbit >"$d/bed.txt" 2>&1; then
-  cat "$d/bed.txt"
-  "$net/testbed.sh" down >/dev/null 2>&1
-  echo "SKIP $scenario: the test bed could not be built here (network namespaces refused)"
-  exit 77
-fi
+testbed_up "$scenario" "$hosts" 50mbit "$d/bed.txt"
 trap '"$net/testbed.sh" down >/dev/null 2>&1; [ -n "${KEEP:-}" ] || rm -rf "$d"' EXIT
 
 # The cut, once training has reached step 20 (written to $d/cut_time as a Unix time).

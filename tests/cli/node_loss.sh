@@ -26,18 +26,10 @@ scenario=node-loss
 
 . "$here/lib.sh"
 need_fashion_mnist "$scenario"
-if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-  echo "SKIP $scenario: the test bed needs root, ip and tc (network namespaces)"
-  exit 77
-fi
+need_testbed "$scenario"
 mkdir -p "$workdir"
 d=$(mktemp -d -p "$workdir")
-if ! "$net/testbed.sh" up 4 unlimited >"$d/bed.txt" 2>&1; then
-  cat "$d/bed.txt"
-  "$net/testbed.sh" down >/dev/null 2>&1
-  echo "SKIP $scenario: the test bed could not be built here (network namespaces refused)"
-  exit 77
-fi
+testbed_up "$scenario" 4 unlimited "$d/bed.txt"
 trap '"$net/testbed.sh" down >/dev/null 2>&1; [ -n "${KEEP:-}" ] || rm -rf "$d"' EXIT
 printf 'sinew-h%d slots=2\n' 1 2 3 4 >"$d/hosts"
 
