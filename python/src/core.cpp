@@ -95,6 +95,12 @@ pytorch::Steps steps_of(
   return steps;
 }
 
+train::Session& session_of(pytorch::Job& job) {
+  train::Session* s = job.session();
+  if (s == nullptr) SINEW_THROW(InvalidArgument, "the job has not started training yet");
+  return *s;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -104,19 +110,34 @@ PYBIND11_MODULE(_core, m) {
   static const py::handle error = py::exception<Error>(m, "Error").release();
   // A rank failure: the Python layer calls Job.recover(), which recovers from the failure kept here.
   static const py::handle comm_failure = py::exception<CommFailure>(m, "CommFailure", error).release();
+  // The other kinds, by their exit code (docs/usage.md): a script can catch the one it cares about.
+  static const py::handle usage_error = py::exception<InvalidArgument>(m, "UsageError", error).release();
+  static const py::handle data_error = py::exception<DataError>(m, "DataError", error).release();
+  static const py::handle checkpoint_error =
+      py::exception<CheckpointError>(m, "CheckpointError", error).release();
+  static const py::handle relaunch = py::exception<RelaunchRequest>(m, "RelaunchRequest", error).release();
   py::register_exception_translator(
       [](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param): pybind11's signature
+        const auto raise = [](py::handle type, const Error& e) {
+          py::object exc = py::reinterpret_borrow<py::object>(type)(e.what());
+          exc.attr("exit_code") = static_cast<int>(e.exit_code());
+          PyErr_SetObject(type.ptr(), exc.ptr());
+        };
         try {
           if (p) std::rethrow_exception(p);
         } catch (const CommFailure& e) {
           last_failure() = p;
-          py::object exc = py::reinterpret_borrow<py::object>(comm_failure)(e.what());
-          exc.attr("exit_code") = static_cast<int>(e.exit_code());
-          PyErr_SetObject(comm_failure.ptr(), exc.ptr());
+          raise(comm_failure, e);
+        } catch (const InvalidArgument& e) {
+          raise(usage_error, e);
+        } catch (const DataError& e) {
+          raise(data_error, e);
+        } catch (const CheckpointError& e) {
+          raise(checkpoint_error, e);
+        } catch (const RelaunchRequest& e) {
+          raise(relaunch, e);
         } catch (const Error& e) {
-          py::object exc = py::reinterpret_borrow<py::object>(error)(e.what());
-          exc.attr("exit_code") = static_cast<int>(e.exit_code());
-          PyErr_SetObject(error.ptr(), exc.ptr());
+          raise(error, e);
         }
       });
 
@@ -143,7 +164,12 @@ PYBIND11_MODULE(_core, m) {
                              std::move(set_steps), std::move(relayout)});
           },
           py::arg("name"), py::arg("state"), py::arg("step"), py::arg("steps"), py::arg("set_steps"),
-          py::arg("relayout") = py::none());
+          py::arg("relayout") = py::none())
+      .def("also_keep", &pytorch::TorchWorkload::also_keep, py::arg("tensors"))
+      .def("restore_buffers", &pytorch::TorchWorkload::restore_buffers)
+      .def("set_backward_done", &pytorch::TorchWorkload::set_backward_done, py::arg("fn"))
+      .def("set_extra_state", &pytorch::TorchWorkload::set_extra_state, py::arg("provider"))
+      .def("set_extra_loader", &pytorch::TorchWorkload::set_extra_loader, py::arg("loader"));
 
   py::class_<pytorch::Job>(m, "Job")
       .def(py::init<const std::vector<std::string>&, std::vector<std::string>>(), py::arg("options"),
@@ -198,6 +224,55 @@ PYBIND11_MODULE(_core, m) {
                                   b->count, b->step, b->epoch);
           },
           py::arg("loss"))
+      // ---- the script's own loop (python/sinew/__init__.py: the DDP-style loop) ----
+      .def("start_loop", &pytorch::Job::start_loop, py::arg("workload"), py::arg("train_size"),
+           py::arg("batch_size"), py::arg("epochs"), py::call_guard<py::gil_scoped_release>())
+      .def("settle", &pytorch::Job::settle, py::call_guard<py::gil_scoped_release>())
+      .def("begin",
+           [](pytorch::Job& job) {
+             pytorch::MicroBatch b;
+             {
+               py::gil_scoped_release nogil;
+               b = job.begin();
+             }
+             return py::make_tuple(std::vector<std::size_t>(b.indices.begin(), b.indices.end()), b.step,
+                                   b.epoch);
+           })
+      .def("reduce", &pytorch::Job::reduce, py::call_guard<py::gil_scoped_release>())
+      .def("update", &pytorch::Job::update, py::arg("loss"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("phase", &pytorch::Job::phase)
+      .def("peek", &pytorch::Job::peek, py::arg("ahead"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "share",
+          [](pytorch::Job& job, const py::bytes& data, bool have) {
+            std::string in = data;
+            std::string out;
+            {
+              py::gil_scoped_release nogil;
+              out = session_of(job).share(in, have);
+            }
+            return py::bytes(out);
+          },
+          py::arg("data"), py::arg("have"))
+      .def(
+          "allreduce",
+          [](pytorch::Job& job, std::vector<double> values, bool max) {
+            {
+              py::gil_scoped_release nogil;
+              session_of(job).allreduce(values, max);
+            }
+            return values;
+          },
+          py::arg("values"), py::arg("max") = false)
+      .def_property_readonly("group_epoch",
+                             [](pytorch::Job& j) -> std::uint64_t { return session_of(j).group_epoch(); })
+      .def_property_readonly("joined",
+                             [](pytorch::Job& j) {
+                               return session_of(j).group().role() == membership::Role::kRecovered;
+                             })
+      .def_property_readonly("session_epoch", [](pytorch::Job& j) -> std::int64_t {
+        return j.session() != nullptr ? j.session()->epoch() : 0;
+      })
       .def("recover",
            [](pytorch::Job& job) {
              std::exception_ptr p = std::exchange(last_failure(), nullptr);

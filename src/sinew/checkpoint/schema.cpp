@@ -32,6 +32,7 @@ void write_meta(hid_t f, const TrainingState& st, const std::vector<std::string>
   h5::write_attr(f, "world_size", static_cast<std::int64_t>(st.world_size), file);
   h5::write_attr(f, "config_json", st.config_json, file);
   h5::write_attr(f, "tensor_names", lines, file);
+  if (!st.workload_state.empty()) h5::write_attr(f, "workload_state", st.workload_state, file);
 }
 
 TrainingState read_meta(hid_t f, const std::string& file) {
@@ -44,6 +45,7 @@ TrainingState read_meta(hid_t f, const std::string& file) {
   st.optimizer_steps = h5::read_attr_i64(f, "optimizer_steps", file);
   st.world_size = static_cast<std::int32_t>(h5::read_attr_i64(f, "world_size", file));
   st.config_json = h5::read_attr_string(f, "config_json", file);
+  if (H5Aexists(f, "workload_state") > 0) st.workload_state = h5::read_attr_string(f, "workload_state", file);
   return st;
 }
 

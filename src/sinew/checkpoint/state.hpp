@@ -30,6 +30,9 @@ struct TrainingState {
   std::string config_json;           ///< the run's configuration, as JSON
   std::vector<TensorView> views;     ///< per-layer views of the tensors (may be empty)
   std::string model_json;            ///< the model's layers as JSON, for readers (may be empty)
+  /// The workload's state beside the tensors, as text (workload::Workload::extra_state(); the Python
+  /// package's LR scheduler and registered objects, base64): attribute `workload_state`, absent if empty.
+  std::string workload_state;
 };
 
 /// One tensor of the state to save, by reference: either the whole tensor (the same on every rank, as the
@@ -57,6 +60,7 @@ inline StateRef ref_of(const TrainingState& state) {
   ref.meta.config_json = state.config_json;
   ref.meta.views = state.views;
   ref.meta.model_json = state.model_json;
+  ref.meta.workload_state = state.workload_state;
   for (const auto& [name, v] : state.tensors) ref.tensors[name] = TensorRef{v, false};
   return ref;
 }

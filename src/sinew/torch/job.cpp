@@ -39,6 +39,11 @@ struct Job::Impl {
   std::size_t j = 0;        // the micro-batch of the step
   std::size_t samples = 0;  // in the micro-batch handed out
   double step_loss = 0;
+  // the caller's own loop
+  int phase = 0;             // 0 no step open, 1 begun, 2 reduced
+  bool boundary_due = false;  // a step was updated; its boundary comes at the next settle()
+  bool settled = false;       // settle() said "a step" and begin() has not yet come
+  std::exception_ptr failure;  // a CommFailure the gradient hooks saw (rethrown by reduce())
 };
 
 Job::Job(const std::vector<std::string>& options, std::vector<std::string> command)
@@ -162,6 +167,7 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
   }
   work.set_first_ready([&s] { s.fault(fault::Point::kBackward); });
   impl_->done = !s.start();  // a hot spare waits here; false: dismissed at the end
+  work.keep_buffers();
   return !impl_->done;
 }
 
@@ -192,6 +198,7 @@ std::optional<MicroBatch> Job::next(double loss) {
       m.in_step = false;
       work.disarm();
       s->end_step(m.step_loss);
+      work.keep_buffers();
       if (s->boundary() != train::After::kContinue) m.done = true;
       continue;
     }
@@ -215,10 +222,124 @@ std::optional<MicroBatch> Job::next(double loss) {
 
 void Job::recover(const CommFailure& e) {
   if (!impl_->session) throw e;
-  impl_->in_step = false;  // the lost step is planned again
-  impl_->computing = false;
-  impl_->work->disarm();
-  impl_->session->recover(e);
+  Impl& m = *impl_;
+  m.in_step = false;  // the lost step is planned again
+  m.computing = false;
+  m.phase = 0;
+  m.boundary_due = false;
+  m.settled = false;
+  m.failure = nullptr;
+  m.work->disarm();
+  // The lost step's forward passes updated BatchNorm's statistics here: back to the last completed step's,
+  // so that the redo counts its batch once (the state sync then takes the most advanced member's).
+  m.work->restore_buffers();
+  m.session->recover(e);
+  m.work->keep_buffers();
+}
+
+bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs) {
+  if (batch_size == 0 || epochs <= 0)
+    SINEW_THROW(InvalidArgument, "a batch size of {} and {} epochs: both must be at least 1", batch_size, epochs);
+  impl_->cfg.batch_size = batch_size;
+  impl_->cfg.epochs = epochs;
+  Steps none;
+  if (!start(work, train_size, none)) return false;
+  Impl& m = *impl_;
+  train::Session& s = *m.session;
+  // The hooks run inside the script's backward(): a failure they see is kept for reduce(), which the
+  // package calls when backward is over, instead of leaving backward() as an error of autograd's.
+  if (work.on_device()) {
+    work.set_device_ready([&m, &s](Slice r, CUevent_st* ready) {
+      try {
+        s.grad_ready(r, ready);
+      } catch (const CommFailure&) {
+        if (!m.failure) m.failure = std::current_exception();
+      }
+    });
+  } else {
+    work.set_ready([&m, &s](Slice r) {
+      try {
+        s.grad_ready(r);
+      } catch (const CommFailure&) {
+        if (!m.failure) m.failure = std::current_exception();
+      }
+    });
+  }
+  return true;
+}
+
+bool Job::settle() {
+  Impl& m = *impl_;
+  train::Session* s = m.session.get();
+  if (s == nullptr) SINEW_THROW(InvalidArgument, "Job::settle before Job::start_loop");
+  if (m.settled) return true;
+  if (m.done) return false;
+  if (m.phase != 0) update(0);  // the script updated by hand (or not at all: reduce() says so)
+  if (m.boundary_due) {
+    m.boundary_due = false;
+    if (s->boundary() != train::After::kContinue) m.done = true;
+  }
+  while (!m.done) {
+    const train::Next n = s->next();
+    if (n == train::Next::kDone) {
+      m.done = true;
+    } else if (n == train::Next::kEvaluate) {
+      // The script evaluates in its own loop: nothing collective here, so that a replacement that joins
+      // while the others evaluate (job.all_reduce) meets them there.
+      s->skip_evaluation();
+    } else {
+      m.settled = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+MicroBatch Job::begin() {
+  Impl& m = *impl_;
+  if (!settle()) SINEW_THROW(InvalidArgument, "Job::begin: the run is over");
+  train::Session& s = *m.session;
+  m.plan = s.begin_step();
+  if (m.plan.micro_batches != 1) {
+    SINEW_THROW(InvalidArgument,
+                "--global-batch {} gives steps of {} micro-batches; in the script's own loop every batch of "
+                "its DataLoader is one step: leave --global-batch out (accumulate gradients by hand: sum the "
+                "losses of several batches, then call backward() once)",
+                m.cfg.global_batch, m.plan.micro_batches);
+  }
+  m.settled = false;
+  m.failure = nullptr;
+  const auto indices = s.micro_batch(0);
+  m.work->begin_micro_batch(0, 1, std::max<std::size_t>(indices.size(), 1), m.plan.total);
+  if (indices.empty()) m.work->mute();  // runs the step on a stand-in sample that weighs nothing
+  m.phase = 1;
+  return MicroBatch{indices, 0, 1, m.plan.step, m.plan.epoch};
+}
+
+void Job::reduce() {
+  Impl& m = *impl_;
+  if (m.phase == 0) SINEW_THROW(InvalidArgument, "Job::reduce outside a step");
+  if (m.failure) std::rethrow_exception(std::exchange(m.failure, nullptr));
+  m.session->reduce();
+  m.phase = 2;
+}
+
+void Job::update(double loss) {
+  Impl& m = *impl_;
+  if (m.phase == 1) reduce();
+  if (m.phase != 2) SINEW_THROW(InvalidArgument, "Job::update outside a step");
+  m.work->disarm();
+  m.session->end_step(loss);
+  m.work->keep_buffers();
+  m.phase = 0;
+  m.boundary_due = true;
+}
+
+int Job::phase() const noexcept { return impl_->phase; }
+
+std::optional<std::vector<std::size_t>> Job::peek(std::size_t ahead) {
+  if (!impl_->session) SINEW_THROW(InvalidArgument, "Job::peek before Job::start_loop");
+  return impl_->session->peek(ahead);
 }
 
 train::Summary Job::finish() {

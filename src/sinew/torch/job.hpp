@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <exception>
 #include <vector>
 
 #include "sinew/core/error.hpp"
@@ -101,6 +102,32 @@ class Job {
   std::optional<MicroBatch> next(double loss);
   /// In place after a CommFailure out of next() or the caller's computation; the lost step is redone.
   void recover(const CommFailure& e);
+  // ---- the caller's own loop: forward, backward and the optimiser's step are the script's -------------
+  // (the Python package's DDP-style loop). start_loop(), then for every step: settle() (the last step's
+  // update if the script made it by hand, the step boundary, the evaluation and the epoch's end), begin()
+  // (the step's samples), reduce() when backward is over, update() for the optimiser's step. Any of them
+  // may throw CommFailure: recover(), then settle() again (the lost step is redone).
+  /// Builds the session over `work` (no probe pass: the buckets follow the module's order reversed), with
+  /// the script's batch size per rank (its DataLoader's) and number of epochs. A hot spare waits here until
+  /// it is promoted (true) or the run ends (false: call finish()).
+  bool start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs);
+  /// The previous step's end if it is still due (update(), its boundary), then what comes next: true a step
+  /// (begin()), false the run is over (finish()). Idempotent until begin().
+  bool settle();
+  /// Begins the step settle() announced: its plan, this rank's samples (empty: none in this step; the rank
+  /// runs it on any sample with weight 0), the gradient hooks armed.
+  MicroBatch begin();
+  /// Backward is over: the step's reduction finished (`.grad` holds the global mean). Rethrows a failure the
+  /// hooks saw. InvalidArgument if no gradient at all was reported (backward() not called).
+  void reduce();
+  /// The step's update (the algorithm, which calls the workload's optimiser) after reduce(); `loss` is this
+  /// rank's share of the step's mean loss (0: not known).
+  void update(double loss);
+  /// The step begun and not yet updated (0: none; 1 begun; 2 reduced).
+  [[nodiscard]] int phase() const noexcept;
+  /// This rank's samples of the step `ahead` after the next at the current size (nothing: the epoch ends).
+  [[nodiscard]] std::optional<std::vector<std::size_t>> peek(std::size_t ahead);
+
   /// The end (the idle spares dismissed, the done event); the summary.
   train::Summary finish();
   /// The session while run() runs (e.g. for its step()).

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/cuda.h>
@@ -393,6 +394,26 @@ void TorchWorkload::to_device() {
   for (std::size_t k = 0; k < state.size(); ++k) state[k].copy_(host_state_[k]);
 }
 
+void TorchWorkload::keep_buffers() {
+  at::NoGradGuard no_grad;
+  if (flat_buffers_.defined() && flat_buffers_.numel() > 0) {
+    if (!kept_buffers_.defined()) kept_buffers_ = at::empty_like(flat_buffers_);
+    kept_buffers_.copy_(flat_buffers_);
+  }
+  if (kept_others_.size() != others_.size()) {
+    kept_others_.clear();
+    for (const at::Tensor& t : others_) kept_others_.push_back(at::empty_like(t));
+  }
+  for (std::size_t i = 0; i < others_.size(); ++i) kept_others_[i].copy_(others_[i]);
+}
+
+void TorchWorkload::restore_buffers() {
+  at::NoGradGuard no_grad;
+  if (kept_buffers_.defined()) flat_buffers_.copy_(kept_buffers_);
+  if (kept_others_.size() == others_.size())
+    for (std::size_t i = 0; i < others_.size(); ++i) others_[i].copy_(kept_others_[i]);
+}
+
 void TorchWorkload::begin_micro_batch(std::size_t j, std::size_t micro_batches, std::size_t samples,
                                       std::size_t total) {
   if (j == 0) {
@@ -470,7 +491,10 @@ void TorchWorkload::on_grad(std::size_t i, const at::Tensor& param) {
     }
   }
   report(i);
-  if (reported_ == 1 && first_ready_) first_ready_();
+  if (reported_ == 1) {
+    if (backward_done_) torch::autograd::Engine::get_default_engine().queue_callback(backward_done_);
+    if (first_ready_) first_ready_();
+  }
 }
 
 }  // namespace sinew::pytorch

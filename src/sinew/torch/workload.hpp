@@ -143,6 +143,16 @@ class TorchWorkload final : public workload::Workload {
   void buffers_to_host() override;
   void buffers_to_device() override;
 
+  /// The Python package's state beside the tensors (its scheduler, registered objects), as text: made by
+  /// `provider` when a checkpoint is written (from the state it kept at the last step boundary); `loader`
+  /// receives it on a resume.
+  [[nodiscard]] std::string extra_state() const override { return extra_state_ ? extra_state_() : std::string(); }
+  void load_extra_state(const std::string& text) override {
+    if (extra_loader_) extra_loader_(text);
+  }
+  void set_extra_state(std::function<std::string()> provider) { extra_state_ = std::move(provider); }
+  void set_extra_loader(std::function<void(const std::string&)> loader) { extra_loader_ = std::move(loader); }
+
   // ---- a device ----------------------------------------------------------------------------------------
   [[nodiscard]] bool on_device() const override { return device_.has_value(); }
   [[nodiscard]] int device() const override { return device_ ? device_->index : -1; }
@@ -167,8 +177,15 @@ class TorchWorkload final : public workload::Workload {
   /// A micro-batch without samples on this rank (the epoch's last step): nothing to compute, and in the
   /// last micro-batch every range not yet reported is reported (with the gradients accumulated so far).
   void skip_micro_batch();
+  /// The current micro-batch weighs nothing (a rank without samples in a step still runs it, on a stand-in
+  /// sample, so that the script's loop stays in step with the group's): its gradients are scaled by 0.
+  void mute() noexcept { scale_ = 0; }
   /// The step's backward passes are over: hooks report nothing until the next step's last micro-batch.
   void disarm() noexcept { armed_ = false; }
+  /// Called once when the backward pass that reported the step's first range is over (queued on autograd's
+  /// engine as DDP queues its final callback): the caller's own loop finishes the reduction there, so that
+  /// `.grad` holds the reduced gradient when backward() returns. Empty: nothing is queued.
+  void set_backward_done(std::function<void()> fn) { backward_done_ = std::move(fn); }
   /// The ranges reported since the last micro-batch began.
   [[nodiscard]] std::size_t reported() const noexcept { return reported_; }
   /// Parameters (and their ranges) that no hook reported in the last micro-batch: unused parameters.
@@ -182,6 +199,13 @@ class TorchWorkload final : public workload::Workload {
   /// the pass left without a gradient come last in the ready order. Returns how many tensors moved; 0 with
   /// an external optimiser that cannot follow (ExternalOptimizer::relayout empty).
   std::size_t probe_ready_order(const std::function<void()>& backward_pass);
+
+  /// Keeps a copy of the module's float buffers (BatchNorm's running statistics) and of `also_keep()`'s
+  /// tensors (its integer buffers: num_batches_tracked) as of a completed step; restore_buffers() puts them
+  /// back (after a failure, the lost step's forward passes must not count: the redo counts its batch once).
+  void keep_buffers();
+  void restore_buffers();
+  void also_keep(std::vector<at::Tensor> tensors) { others_ = std::move(tensors); }
 
   /// The flat buffers as tensors (views of the same memory; on a device, in device memory).
   [[nodiscard]] const at::Tensor& flat_params() const noexcept { return flat_params_; }
@@ -204,6 +228,8 @@ class TorchWorkload final : public workload::Workload {
   std::vector<TensorView> views_;
   std::string model_;
   at::Tensor flat_params_, flat_grads_, flat_buffers_;
+  at::Tensor kept_buffers_;  // keep_buffers()
+  std::vector<at::Tensor> others_, kept_others_;
   std::optional<Device> device_;
   // The runtime's record in host memory: on the host the flat tensors themselves; on a device their copies
   // (to_host, to_device), and host_state_ those of the optimiser's state.
@@ -215,6 +241,9 @@ class TorchWorkload final : public workload::Workload {
   workload::ReadyFn ready_;
   workload::DeviceReadyFn device_ready_;
   std::function<void()> first_ready_;
+  std::function<void()> backward_done_;
+  std::function<std::string()> extra_state_;
+  std::function<void(const std::string&)> extra_loader_;
   std::vector<std::size_t> order_;  // parameters in the order their gradients become final (ready order)
   std::vector<std::size_t> probe_;  // the order the hooks fired in probe_ready_order()'s pass
   std::vector<bool> done_;          // per parameter: reported in the current micro-batch

@@ -42,6 +42,7 @@ struct Config {
   int epochs = 3;
   std::int64_t max_steps = 0;   ///< stop after this many steps (0: run all epochs)
   std::size_t batch_size = 64;  ///< per rank
+  bool shuffle = true;          ///< a new sample order every epoch (false: the data set's order)
   // optimiser
   std::string optimizer = "sgd";  ///< sgd | adam
   float lr = 0.05f;

@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
@@ -78,6 +81,8 @@ po::options_description describe(Config& c, std::string& config_file) {
       "max-steps", po::value(&c.max_steps)->default_value(c.max_steps),
       "stop after this many steps (0: no limit)")(
       "batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per rank per step")(
+      "shuffle", po::value(&c.shuffle)->default_value(c.shuffle)->value_name("BOOL"),
+      "a new random order of the training samples every epoch; false keeps the data set's order")(
       "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd | adam")(
       "lr", po::value(&c.lr)->default_value(c.lr), "base learning rate")(
       "momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")(
@@ -468,6 +473,7 @@ nlohmann::json to_json(const Config& c) {
           {"epochs", c.epochs},
           {"max_steps", c.max_steps},
           {"batch_size", c.batch_size},
+          {"shuffle", c.shuffle},
           {"optimizer", c.optimizer},
           {"lr", c.lr},
           {"momentum", c.momentum},
@@ -502,13 +508,33 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   return parse_command_line(argc, argv, launch::current());
 }
 
+namespace {
+
+/// The arguments with "true" after every BOOL option given bare (`--find-unused-parameters --lr 0.1`),
+/// so that a flag works as users write it and never takes the next option for its value.
+std::vector<std::string> with_bare_flags(int argc, const char* const* argv, const po::options_description& desc) {
+  static const std::set<std::string> literals = {"true", "false", "1", "0", "yes", "no", "on", "off"};
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    out.push_back(a);
+    if (a.size() < 3 || a.rfind("--", 0) != 0 || a.find('=') != std::string::npos) continue;
+    const auto* o = desc.find_nothrow(a.substr(2), /*approx=*/false);
+    if (o == nullptr || o->semantic()->name().rfind("BOOL", 0) != 0) continue;
+    if (i + 1 >= argc || literals.count(argv[i + 1]) == 0) out.emplace_back("true");
+  }
+  return out;
+}
+
+}  // namespace
+
 ParseResult parse_command_line(int argc, const char* const* argv, const launch::Launch& env) {
   Config c;
   std::string config_file;
   auto desc = describe(c, config_file);
   po::variables_map vm;
   try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::store(po::command_line_parser(with_bare_flags(argc, argv, desc)).options(desc).run(), vm);
     if (vm.count("help")) {
       std::ostringstream os;
       os << desc;

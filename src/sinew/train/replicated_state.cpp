@@ -107,6 +107,7 @@ checkpoint::StateRef ReplicatedState::snapshot_ref(algo::Algorithm& algorithm, i
   // can rebuild the model.
   st.meta.views = work_.views();
   st.meta.model_json = work_.description_json();
+  st.meta.workload_state = work_.extra_state();
   return st;
 }
 
@@ -214,6 +215,7 @@ checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Al
   p.last_eval_epoch = st.epoch - 1;
   restore(p);
   work_.to_device();
+  work_.load_extra_state(st.workload_state);
   return info;
 }
 

@@ -154,6 +154,8 @@ struct Session::Impl {
   std::vector<Slice> ranges;                                   // the workload's ready order
   std::vector<std::pair<std::size_t, std::size_t>> by_offset;  // (offset, index in ranges), sorted
   std::vector<std::uint8_t> reported;                          // per range, this step
+  bool reduced = false;   // reduce() finished the step's reduction before end_step (the caller's loop)
+  double reduce_ms = 0;   // its communication time
   std::vector<TensorView> views;                               // for messages
 
   // This rank's place in the group, for the teacher service's balancer (read from its threads).
@@ -168,7 +170,7 @@ struct Session::Impl {
         work(w),
         parts(std::move(p)),
         faults(cfg.inject_fault, group.launch_rank(), generation),
-        sampler(parts.train_size, cfg.seed, /*shuffle=*/true),
+        sampler(parts.train_size, cfg.seed, cfg.shuffle),
         state(work, sampler, cfg.seed),
         // A relaunch (sinew-supervise's restart mode, a requeued Slurm job) appends to the first launch's
         // metrics.
@@ -361,12 +363,17 @@ struct Session::Impl {
     const bool tested = sums[2] > 0;  // no test set: no accuracy to report
     const double test_loss = sums[0] / std::max(sums[2], 1.0);
     const double test_acc = sums[1] / std::max(sums[2], 1.0);
-    sum.epochs = static_cast<int>(sampler.epoch()) + 1;
     if (tested) {
       sum.test_accuracy = test_acc;
       sum.test_loss = test_loss;
       events.emit(EvalEvent{sampler.epoch(), step(), f.size(), test_acc, test_loss});
     }
+    mark_evaluated(tested, test_acc, test_loss);
+  }
+
+  void mark_evaluated(bool tested = false, double test_acc = 0, double test_loss = 0) {
+    auto& f = fabric();
+    sum.epochs = static_cast<int>(sampler.epoch()) + 1;
     if (sampler.epoch_done()) {
       if (f.rank() == 0 && tested) {
         spdlog::info("epoch {} done: test accuracy {:.2f}% (loss {:.4f})", sampler.epoch() + 1,
@@ -433,6 +440,7 @@ struct Session::Impl {
     student_size = world;
     prefetch_teacher(rank, world, plan.total, micro);
     first_ready = true;
+    reduced = false;
     std::fill(reported.begin(), reported.end(), 0);
     f.algorithm().begin_step(plan.step);
     plan.reduces_gradients = f.algorithm().reduces_gradients(plan.step);
@@ -493,6 +501,14 @@ struct Session::Impl {
     for (std::size_t i = 0; i < ranges.size(); ++i)
       if (reported[i] == 0) missing.push_back(ranges[i]);
     if (missing.empty()) return;
+    if (missing.size() == ranges.size()) {
+      // Not one gradient in the step: no backward() ran (or it ran outside the step). Zeros would train on
+      // nothing and look fine; with --find-unused-parameters too, this is an error.
+      SINEW_THROW(InvalidArgument,
+                  "step {}: no gradient at all was reported: backward() was not called in this step (or "
+                  "its loss does not depend on the model's parameters)",
+                  plan.step);
+    }
     if (!cfg.find_unused_parameters) {
       std::string names;
       for (const Slice& r : missing) names += (names.empty() ? "" : "; ") + tensors_in(views, r);
@@ -517,14 +533,48 @@ struct Session::Impl {
     }
   }
 
+  void reduce() {
+    if (reduced || !plan.reduces_gradients) return;
+    unreported_ranges();
+    fabric().finish_reduction();
+    reduce_ms = fabric().last_comm_ms();
+    reduced = true;
+  }
+
+  std::optional<std::vector<std::size_t>> peek(std::size_t ahead) {
+    auto& f = fabric();
+    const std::size_t remaining = parts.train_size - sampler.cursor();
+    const std::size_t global = lr.step_batch(f.size());
+    const std::size_t off = ahead * global;
+    if (off >= remaining) return std::nullopt;
+    const std::size_t total = std::min(global, remaining - off);
+    const std::size_t micro = static_cast<std::size_t>(f.size()) * cfg.batch_size;
+    const auto b = sampler.peek_range(f.rank(), f.size(), off, std::min(micro, total));
+    return std::vector<std::size_t>(b.indices.begin(), b.indices.end());
+  }
+
+  std::string share(const std::string& bytes, bool have) {
+    auto& f = fabric();
+    // The lowest rank that has them: a min over (have ? rank : size).
+    std::int64_t v[2] = {have ? f.rank() : f.size(), 0};
+    f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(v, 1)), comm::ReduceOp::kMin, setup.op);
+    const int root = static_cast<int>(v[0]);
+    if (root >= f.size()) return {};
+    std::int64_t len[1] = {static_cast<std::int64_t>(bytes.size())};
+    f.backend().broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(len)), root, setup.op);
+    std::string out = f.rank() == root ? bytes : std::string(static_cast<std::size_t>(len[0]), '\0');
+    if (!out.empty())
+      f.backend().broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(out))), root, setup.op);
+    return out;
+  }
+
   void end_step(double local_loss) {
     auto& f = fabric();
     const std::int64_t next = plan.step;
     double comm_ms = 0;
     if (plan.reduces_gradients) {
-      unreported_ranges();
-      f.finish_reduction();
-      comm_ms = f.last_comm_ms();
+      reduce();
+      comm_ms = reduce_ms;
     }
     // Without a gradient reduction the algorithm communicates in its step (qadam) or after it: the peers
     // are about to enter that exchange.
@@ -812,6 +862,16 @@ std::span<const std::size_t> Session::micro_batch(std::size_t j) { return impl_-
 void Session::grad_ready(Slice range) { impl_->grad_ready(range); }
 void Session::grad_ready(Slice range, CUevent_st* ready) { impl_->grad_ready(range, ready); }
 void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
+void Session::reduce() { impl_->reduce(); }
+std::optional<std::vector<std::size_t>> Session::peek(std::size_t ahead) { return impl_->peek(ahead); }
+std::string Session::share(const std::string& bytes, bool have) { return impl_->share(bytes, have); }
+void Session::allreduce(std::span<double> values, bool max) {
+  auto& f = impl_->fabric();
+  f.backend().allreduce_sync(comm::Buffer::of(values), max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum,
+                             impl_->setup.op);
+}
+std::int64_t Session::epoch() const { return impl_->sampler.epoch(); }
+std::uint64_t Session::group_epoch() const { return impl_->group.epoch(); }
 After Session::boundary() { return impl_->boundary(); }
 std::pair<std::size_t, std::size_t> Session::begin_evaluation(std::size_t test_size) {
   return impl_->begin_evaluation(test_size);
@@ -819,6 +879,7 @@ std::pair<std::size_t, std::size_t> Session::begin_evaluation(std::size_t test_s
 void Session::end_evaluation(const workload::EvalSums& sums, std::size_t count) {
   impl_->end_evaluation(sums, count);
 }
+void Session::skip_evaluation() { impl_->mark_evaluated(); }
 void Session::recover(const CommFailure& e) { impl_->recover(e); }
 Summary Session::finish() { return impl_->finish(); }
 void Session::fault(fault::Point p) { impl_->faults.at(p, impl_->plan.step); }

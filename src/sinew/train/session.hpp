@@ -37,8 +37,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "sinew/core/error.hpp"
 #include "sinew/core/fault.hpp"
@@ -141,6 +144,23 @@ class Session {
   /// throw InvalidArgument naming them; waits for the reduction; the algorithm's update; the position
   /// advances; metrics. `local_loss` is this rank's share of the step's mean loss. May throw CommFailure.
   void end_step(double local_loss);
+  /// For a caller whose backward is over before it steps (the Python package's own loop, where `.grad`
+  /// must hold the reduced gradient when backward() returns): does end_step()'s first part now, the
+  /// unreported ranges and the wait for the reduction; end_step() then skips it. Idempotent within a step.
+  /// May throw CommFailure, and InvalidArgument as end_step().
+  void reduce();
+  /// This rank's samples of the step `ahead` steps after the next one (0: the next one), as planned at
+  /// the current size from the current position (micro-batch 0; --global-batch aside); nothing when the
+  /// epoch ends before it. What begin_step()/micro_batch(0) give if the group does not change.
+  [[nodiscard]] std::optional<std::vector<std::size_t>> peek(std::size_t ahead);
+  /// Collective: the `bytes` of the lowest rank whose `have` is true, on every member (empty if none has
+  /// them). The Python package's state beside the flat buffers (a scheduler, counters) goes to a new
+  /// member with it. May throw CommFailure.
+  std::string share(const std::string& bytes, bool have);
+  /// Collective sum (or, with `max`, maximum) of `values` over the group, in place. May throw CommFailure.
+  void allreduce(std::span<double> values, bool max);
+  /// The group's epoch: it changes with every change of membership.
+  [[nodiscard]] std::uint64_t group_epoch() const;
   /// The step boundary: every few steps the group agrees on signals, leave requests, the job server's
   /// schedule and checkpoints, and carries them out. May throw CommFailure.
   After boundary();
@@ -151,6 +171,10 @@ class Session {
   std::pair<std::size_t, std::size_t> begin_evaluation(std::size_t test_size);
   /// The shard's sums; reduced over the group and reported (metrics, log, summary). Collective.
   void end_evaluation(const workload::EvalSums& sums, std::size_t count);
+
+  /// An evaluation the caller makes itself (the script's own loop evaluates in its own code): the epoch counts
+  /// as evaluated, with no collective and nothing reported.
+  void skip_evaluation();
 
   // ---- failures and the end ---------------------------------------------------------------------------
   /// After a CommFailure out of any call above: recovers in place (--elastic inplace under ULFM), else
@@ -171,6 +195,8 @@ class Session {
   [[nodiscard]] int size() const;
   /// Optimiser steps completed by the group.
   [[nodiscard]] std::int64_t step() const;
+  /// The sampler's epoch (0-based): the one being trained, or the one just finished until next() moves on.
+  [[nodiscard]] std::int64_t epoch() const;
   [[nodiscard]] const membership::Group& group() const;
 
  private:

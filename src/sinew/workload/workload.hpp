@@ -126,6 +126,10 @@ class Workload {
   /// receives them, and the session makes every rank's rank 0's after each step (as DDP broadcasts its
   /// module buffers). None by default.
   [[nodiscard]] virtual NamedSpans buffers() { return {}; }
+  /// State beside the tensors, as text, that checkpoints carry (the Python package's LR scheduler and
+  /// registered objects); load_extra_state() gets it back on a resume. Default: none.
+  [[nodiscard]] virtual std::string extra_state() const { return {}; }
+  virtual void load_extra_state(const std::string& text) { (void)text; }
   /// A workload on a device: copies the buffers device -> host before the runtime reads buffers(), and back
   /// after it wrote them (the broadcast after each step). No-ops on the host.
   virtual void buffers_to_host() {}
