@@ -346,7 +346,7 @@ class Loop:
                     self.core.update(0.0)
                 self._take_snapshot()
                 more = self.core.settle()
-                if self.core.group_epoch != self.synced_epoch:  # grown or shrunk at the boundary
+                if more and self.core.group_epoch != self.synced_epoch:  # grown or shrunk at the boundary
                     self._sync()
                     self._reset_loaders()
                     self._resized()
@@ -366,16 +366,20 @@ class Loop:
             return  # a further forward in the same step
         self.ensure_started()
         self.void = False
-        if not self.settle():
-            raise UsageError("the model was called for training after training ended (job.epochs() is over)")
         if not self.fifo:
             raise UsageError("the model was called in training mode with gradients on outside the batches of "
                              "job.sampler()'s DataLoader: evaluate under model.eval() and torch.no_grad()")
+        # The batch in this forward is the oldest the loader took from the sampler, whatever settle() does to
+        # the loaders (a resize at the boundary restarts them).
         expected = self.fifo.popleft()
+        if not self.settle():
+            self._finish()  # Left, RelaunchRequest: this process has no more steps
+            raise UsageError("the model was called for training after training ended (job.epochs() is over)")
         if _standin(self.core.peek(0)) != expected:
             # Fetched for the group as it was: dropped, and the loader restarted on the new plan.
             self.void = True
             self.restore_pending = True
+            self.settled = False  # the next forward settles again: the restore, the snapshot
             self.dropped += 1
             self._reset_loaders()
             return
@@ -490,6 +494,8 @@ class Loop:
         self._finish()
 
     def _finish(self):
+        if self.job.summary is not None:
+            return
         s = self.core.finish()
         self.job.summary = s
         if s["left"]:
