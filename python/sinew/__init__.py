@@ -46,6 +46,10 @@ UsageError = _core.UsageError            # a bad option, value or use of the API
 DataError = _core.DataError              # a data set missing or corrupt (3)
 CheckpointError = _core.CheckpointError  # a checkpoint that cannot be used (4)
 RelaunchRequest = _core.RelaunchRequest  # stopped for a relaunch by the launcher (75)
+# Raised by the C++ core, an error carries its own exit code; raised here, its kind's.
+for _kind, _code in ((Error, 1), (UsageError, 2), (DataError, 3), (CheckpointError, 4), (CommFailure, 5),
+                     (RelaunchRequest, 75)):
+    _kind.exit_code = _code
 
 
 class Left(Error):

@@ -101,9 +101,11 @@ class Job:
             self._job = _core.Job(words, ["/usr/bin/env"] + env + command)
         except UsageError as e:
             bad = [k for k in kwargs if f"--{k.replace('_', '-')}'" in str(e)]
+            if bad and "unrecognised option" in str(e):
+                raise _usage(f"sinew.init(): unknown keyword '{bad[0]}' (Sinew has no option "
+                             f"--{bad[0].replace('_', '-')}); sinew.options_help() lists them, '-' as '_'") from None
             if bad:
-                raise _usage(f"sinew.init(): keyword '{bad[0]}': {e} (sinew.options_help() lists the options; "
-                             "'-' becomes '_')") from None
+                raise _usage(f"sinew.init(): keyword '{bad[0]}': {e}") from None
             raise
         if self._job.help:
             print(self._job.help, end="")

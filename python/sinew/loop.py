@@ -52,6 +52,10 @@ _NOT_IN_OWN_LOOP = {
 }
 
 
+_AS_SAMPLER = ("job.sampler() yields sample indices: give it to the DataLoader as sampler=, with batch_size=B "
+               "(the batch per rank), not as batch_sampler=")
+
+
 def caller(kind, depth=12):
     """The `self` of the nearest calling frame that is a `kind` (None): who iterates a sampler."""
     f = sys._getframe(2)
@@ -157,7 +161,10 @@ class Loop:
     def _find_batch_size(self):
         """The DataLoader's batch size (the batch per rank) and drop_last, from the loader over the sampler."""
         batchers = _referrers(self.sampler, BatchSampler)
-        self.loaders = weakref.WeakSet(_referrers(self.sampler, DataLoader))
+        loaders = _referrers(self.sampler, DataLoader)
+        if any(d.batch_sampler is self.sampler for d in loaders):
+            raise UsageError(_AS_SAMPLER)
+        self.loaders = weakref.WeakSet(loaders)
         sizes = {(b.batch_size, b.drop_last) for b in batchers}
         if len(sizes) > 1:
             raise UsageError(f"DataLoaders with different batch sizes over one job.sampler(): {sorted(sizes)}")
@@ -362,8 +369,8 @@ class Loop:
         if self.error is not None:
             e, self.error = self.error, None
             raise e
-        if self.started and self.core.phase != 0 and not self.void:
-            return  # a further forward in the same step
+        if self.started and self.core.phase == 1 and not self.void:
+            return  # a further forward in the same step, before its backward
         self.ensure_started()
         self.void = False
         if not self.fifo:
@@ -373,8 +380,15 @@ class Loop:
         # the loaders (a resize at the boundary restarts them).
         expected = self.fifo.popleft()
         if not self.settle():
-            self._finish()  # Left, RelaunchRequest: this process has no more steps
-            raise UsageError("the model was called for training after training ended (job.epochs() is over)")
+            if self.job.summary is not None:
+                raise UsageError("the model was called for training after training ended (job.epochs() is over)")
+            # The run ended inside the loader's epoch (--max-steps, a stop): Left or RelaunchRequest here, else
+            # this batch is no step and the loaders run dry.
+            self._finish()
+            self.void = True
+            self.restore_pending = True
+            self._reset_loaders()
+            return
         if _standin(self.core.peek(0)) != expected:
             # Fetched for the group as it was: dropped, and the loader restarted on the new plan.
             self.void = True
@@ -428,8 +442,7 @@ class Loop:
         if it is not None:
             self.iters.add(it)
             if caller(BatchSampler) is None:
-                raise UsageError("job.sampler() yields sample indices: give it to the DataLoader as sampler=, with "
-                                 "batch_size=B, not as batch_sampler=")
+                raise UsageError(_AS_SAMPLER)
         return self._plans()
 
     def _plans(self, whole=False):
@@ -496,6 +509,10 @@ class Loop:
     def _finish(self):
         if self.job.summary is not None:
             return
+        if self.restore_pending:  # a batch that was no step ran forward passes after the last step
+            self.model._work.restore_buffers()
+            self._apply(self.snap)
+            self.restore_pending = False
         s = self.core.finish()
         self.job.summary = s
         if s["left"]:

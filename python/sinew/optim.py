@@ -22,7 +22,9 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(f"sinew: optimizer must be a torch.optim.Optimizer, got {type(opt).__name__}")
     ours = {id(p): n for n, p in named_params}
-    theirs = [p for g in opt.param_groups for p in g["params"]]
+    # Frozen parameters in the optimizer (model.parameters() of a fine-tuning job) get no gradient, and torch's
+    # optimizers skip them: so does Sinew.
+    theirs = [p for g in opt.param_groups for p in g["params"] if p.requires_grad or id(p) in ours]
     for p in theirs:
         if id(p) not in ours:
             raise UsageError("the optimizer has a parameter the model does not train (one that does not require "

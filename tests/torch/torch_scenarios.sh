@@ -17,6 +17,16 @@
 #   restart-debian     restart mode (sinew-supervise) under Debian's Open MPI 4.1, a rank killed
 #   pip-install        pip install from the source tree without a network; a job from the installed copy
 #   bad-input          different models on the ranks, a float64 model, another model's checkpoint
+# The script's own loop (tests/torch/own_loop.py: zero_grad/backward/step, torch.optim, StepLR, DataLoader):
+#   loop-equivalence   4 ranks with batch b reach the parameters of 1 process with batch 4b
+#   loop-reference     the failure-free 4-rank run the loop-kill scenarios compare with (a fixture)
+#   loop-kill          kill -9 of a rank in forward, backward and the optimizer's step (2 DataLoader workers),
+#                      and of rank 0: in place, audit exact, parameters, BatchNorm's statistics, the scheduler
+#                      and the learning rate those of the failure-free run (num_batches_tracked exactly)
+#   loop-spare         the killed rank's place taken by a hot spare
+#   loop-resize        the job server's schedule with DataLoader workers: audit exact, replicas equal
+#   loop-checkpoint    stopped at 4 ranks, resumed at 3: the scheduler's state comes from the checkpoint
+#   loop-traps         the habits that must fail loudly (exit 2, a message that says what to do) or work
 # Exit codes: 0 passed, 1 failed.
 set -u
 scenario=$1
@@ -70,6 +80,51 @@ PY
 audit() {
   python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size $train_size --epochs $epochs
 }
+
+# loop N DEADLINE [own_loop.py options] -- [sinew options]: the script's own loop, Sinew's options in the
+# environment as sinew-run gives them (the script's argparse sees only its own); output in $d/out.txt.
+loop() {
+  local n=$1 deadline=$2 mine=() opts=()
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do mine+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  opts=("$@")
+  SINEW_OPTIONS="${opts[*]}" timeout -k 5 "$deadline" "${mpiexec[@]}" -n "$n" -x PYTHONPATH -x SINEW_OPTIONS \
+    "$python" "$here/own_loop.py" "${mine[@]}" >"$d/out.txt" 2>&1
+  rc=$?  # (for expect_error)
+  return $rc
+}
+# compare_loop REF GOT TOLERANCE: parameters and float buffers within the tolerance; integer buffers, the
+# learning rates and the scheduler's state exactly.
+compare_loop() {
+  "$python" - "$1" "$2" "$3" <<'PY'
+import sys, torch
+a, b, tol = torch.load(sys.argv[1]), torch.load(sys.argv[2]), float(sys.argv[3])
+worst = 0.0
+for part in ("params", "buffers"):
+    assert a[part].keys() == b[part].keys(), f"{part}: {sorted(b[part])}, the reference has {sorted(a[part])}"
+    for k in a[part]:
+        x, y = a[part][k], b[part][k]
+        if x.is_floating_point():
+            worst = max(worst, ((x - y).abs() / (1 + x.abs())).max().item())
+        elif not torch.equal(x, y):
+            sys.exit(f"FAIL: {k} is {y.tolist()}, the failure-free run's {x.tolist()} (a step counted twice?)")
+assert a["lr"] == b["lr"], f"learning rates {b['lr']}, the failure-free run's {a['lr']}"
+for k in ("last_epoch", "_step_count", "_last_lr"):
+    assert a["sched"][k] == b["sched"][k], f"scheduler {k} {b['sched'][k]}, the failure-free run's {a['sched'][k]}"
+assert a["opt_step"] == b["opt_step"], "optimizer step counts differ"
+print(f"parameters and buffers: largest relative difference {worst:.2e} (tolerance {tol:g}); integer buffers, "
+      f"lr {b['lr']} and the scheduler (last_epoch {b['sched']['last_epoch']}) exact")
+sys.exit(0 if worst <= tol else "FAIL: the parameters differ")
+PY
+}
+# expect_error CODE PATTERN WHAT: the last job exited with CODE and said PATTERN.
+expect_error() {
+  [ "$rc" -eq "$1" ] || fail "$3: exit $rc, expected $1"
+  grep -q -- "$2" "$d/out.txt" || fail "$3: no message saying '$2'"
+  echo "ok: $3 (exit $rc: $(grep -m1 -o -- "$2.\{0,60\}" "$d/out.txt"))"
+}
+lcommon=(--dataset synthetic --limit-train $train_size --progress false --log-every 8 --timeout-ms 30000)
 
 case "$scenario" in
   equivalence)
@@ -270,6 +325,105 @@ PY
     [ $rc -eq 4 ] || fail "another model's checkpoint: exit $rc, expected 4"
     grep -q "written for another model\|this run needs" "$d/out.txt" || fail "another model's checkpoint: no clear error"
     [ "$(find "$d/ckpt" -type f -exec sha1sum {} + | sort)" = "$before" ] || fail "the checkpoint was changed"
+    ;;
+  loop-equivalence)
+    # The global mean gradient when backward() returns: 4 ranks of batch 16 take the steps 1 process takes
+    # with batch 64 (an MLP: no BatchNorm, whose statistics are per batch).
+    loop 1 120 --model mlp --batch-size 64 --out "$d/one.pt" -- "${lcommon[@]}" || fail "1 process: exit $?"
+    loop 4 180 --model mlp --batch-size 16 --out "$d/four.pt" -- "${lcommon[@]}" || fail "4 ranks: exit $?"
+    "$python" - "$d/one.pt" "$d/four.pt" <<'PY' || fail "parameters"
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+worst = max(((a["params"][k] - b["params"][k]).abs() / (1 + a["params"][k].abs())).max().item() for k in a["params"])
+print(f"1 x 64 vs 4 x 16: largest relative difference {worst:.2e}")
+sys.exit(0 if worst < 1e-5 else "FAIL: the parameters differ")
+PY
+    ;;
+  loop-reference)
+    loop 4 180 --out "$workdir/loop-reference.pt" -- "${lcommon[@]}" --metrics "$d/metrics.jsonl" \
+      --audit-dir "$d/audit" || fail "exit $?"
+    audit || fail "audit"
+    grep -q "done: 32 steps, 0 failures" "$d/out.txt" || fail "not 32 steps"
+    ;;
+  loop-kill)
+    for f in 1:forward:9 2:backward:20 3:optimizer:13 0:backward:17; do
+      rm -rf "$d/audit"
+      loop 4 180 --workers 2 --out "$d/got.pt" -- "${lcommon[@]}" --metrics "$d/metrics.jsonl" \
+        --audit-dir "$d/audit" --inject-fault "$f" || fail "$f: exit $?"
+      python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered \
+        --final-world-size 4 >/dev/null || fail "$f: metrics"
+      audit >/dev/null || fail "$f: audit"
+      echo "killed at $f: recovered in place, audit exact; $(compare_loop "$workdir/loop-reference.pt" "$d/got.pt" 1e-4)" \
+        || fail "$f: state"
+      compare_loop "$workdir/loop-reference.pt" "$d/got.pt" 1e-4 >/dev/null || fail "$f: state differs"
+    done
+    ;;
+  loop-spare)
+    loop 5 180 --workers 2 --out "$d/got.pt" -- "${lcommon[@]}" --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" \
+      --spares 1 --inject-fault 2:backward:12 || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered --final-world-size 4 \
+      || fail "metrics"
+    grep -q "spawned as rank" "$d/out.txt" && fail "a process was spawned although a spare was there"
+    audit || fail "audit"
+    compare_loop "$workdir/loop-reference.pt" "$d/got.pt" 1e-4 || fail "state"
+    ;;
+  loop-resize)
+    loop 4 180 --workers 2 -- "${lcommon[@]}" --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" \
+      --resize-schedule 8:2,20:4 --lr-scaling linear || fail "exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 0 --event shrink --event grow \
+      --field shrink.reason=leave --final-world-size 4 || fail "metrics"
+    audit || fail "audit"
+    grep -q "batches dropped" "$d/out.txt" || fail "no summary line"
+    ;;
+  loop-checkpoint)
+    # 3 epochs of 16 steps: stopped at step 40 (in epoch 3) on 4 ranks, resumed on 3: the StepLR's state and
+    # the learning rate come from the checkpoint, and end where the failure-free run's do.
+    loop 4 180 --epochs 3 -- "${lcommon[@]}" --checkpoint-dir "$d/ckpt" --checkpoint-every 10 --max-steps 40 \
+      --audit-dir "$d/audit" || fail "first part: exit $?"
+    loop 3 180 --epochs 3 --out "$d/got.pt" -- "${lcommon[@]}" --checkpoint-dir "$d/ckpt" --resume auto \
+      --audit-dir "$d/audit" --metrics "$d/metrics.jsonl" || fail "resumed: exit $?"
+    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --event resume --final-world-size 3 || fail "metrics"
+    "$python" - "$d/got.pt" <<'PY' || fail "the scheduler did not resume"
+import sys, torch
+s = torch.load(sys.argv[1])
+want = 0.05 * 0.5 ** 3
+print(f"resumed: lr {s['lr'][0]:g} (failure-free: {want:g}), scheduler last_epoch {s['sched']['last_epoch']}")
+sys.exit(0 if abs(s["lr"][0] - want) < 1e-12 and s["sched"]["last_epoch"] == 3 else 1)
+PY
+    python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size $train_size --epochs 3 || fail "audit"
+    ;;
+  loop-traps)
+    loop 2 120 --trap bad-keyword -- "${lcommon[@]}"
+    [ $rc -eq 0 ] && grep -q "caught sinew.UsageError (exit code 2).*no_such_option" "$d/out.txt" \
+      || fail "an unknown keyword is not a catchable sinew.UsageError naming it"
+    echo "ok: an unknown keyword of sinew.init() is a sinew.UsageError the script catches"
+    loop 2 120 --trap no-backward --epochs 1 -- "${lcommon[@]}" --find-unused-parameters
+    expect_error 2 "backward() was not called" "a step without backward(), --find-unused-parameters bare"
+    loop 2 120 --trap grad-replaced --epochs 1 -- "${lcommon[@]}"
+    expect_error 2 "was replaced by another tensor" ".grad replaced after backward()"
+    loop 2 120 --trap step-twice --epochs 1 -- "${lcommon[@]}"
+    expect_error 2 "optimizer.step() twice" "optimizer.step() twice in a step"
+    loop 2 120 --trap late-optimizer --epochs 1 -- "${lcommon[@]}"
+    expect_error 2 "that Sinew does not know steps the model's parameters" "an optimizer made in the loop"
+    loop 2 120 --trap batch-sampler --epochs 1 -- "${lcommon[@]}"
+    expect_error 2 "give it to the DataLoader as sampler=" "job.sampler() as batch_sampler="
+    loop 2 120 --trap break -- "${lcommon[@]}"
+    expect_error 2 "the loop left the DataLoader before the end of the epoch" "break out of the DataLoader"
+    loop 2 120 --epochs 1 --lr 0.1 -- "${lcommon[@]}" --lr 0.3
+    expect_error 2 "in the script's own loop the learning rate is the optimizer's" "Sinew's --lr in the own loop"
+    # The script's own --lr, --epochs, --batch-size and --seed are its own (nothing of Sinew's reads argv).
+    loop 2 120 --epochs 1 --batch-size 8 --lr 0.2 --seed 3 -- "${lcommon[@]}" || fail "the script's options: exit $?"
+    grep -q "epoch 1: .* lr 0.2 world 2 step 64" "$d/out.txt" || fail "the script's --lr/--batch-size were not its own"
+    echo "ok: the script's --lr 0.2 --batch-size 8 --epochs 1 are its own (64 steps of 2 x 8)"
+    # Frozen parameters and integer buffers made rank 0's at start and given to a replacement.
+    loop 3 180 --trap frozen --epochs 1 -- "${lcommon[@]}" --inject-fault 2:backward:5 || fail "frozen: exit $?"
+    [ "$(grep -o "equal on every rank: True" "$d/out.txt" | wc -l)" -eq 3 ] || fail "frozen tensors differ between ranks"
+    grep -q "frozen bias sum 4 num_batches_tracked" "$d/out.txt" || fail "not rank 0's frozen bias"
+    echo "ok: a frozen parameter and an integer buffer are rank 0's everywhere, the replacement's too"
+    # Updates by hand, no optimizer; and clip_grad_norm_ between backward() and step().
+    loop 2 120 --trap no-optimizer --epochs 1 -- "${lcommon[@]}" --audit-dir "$d/audit" || fail "by hand: exit $?"
+    loop 2 120 --trap clip --epochs 1 -- "${lcommon[@]}" || fail "clip: exit $?"
+    echo "ok: updates by hand and clip_grad_norm_ train"
     ;;
   *)
     echo "unknown scenario $scenario"

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The script's own loop (the DDP-style one of docs/pytorch.md), for the torch.loop-* tests.
+
+    python3 own_loop.py [--model mlp|cnn] [--workers K] [--epochs E] [--batch-size B] [--lr LR] [--out FILE]
+                        [--trap NAME]
+
+Its options are its own: Sinew's come from SINEW_OPTIONS (the tests set --dataset synthetic etc. there).
+--out: rank 0 writes the final parameters and buffers (by name), the optimizer's learning rates and the
+scheduler's state there (.pt). --trap: one of the habits that must fail loudly or work (see TRAPS).
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import sinew
+
+TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
+         "frozen", "clip", "no-optimizer", "break")
+
+
+def build(name, channels, height, width, classes):
+    torch.manual_seed(1234)
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 64), nn.ReLU(), nn.Linear(64, classes))
+    return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(16, classes))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", default="")
+    p.add_argument("--trap", default="none", choices=TRAPS)
+    args = p.parse_args()  # all of argv: nothing of Sinew's is on it
+    torch.set_num_threads(1)
+
+    if args.trap == "bad-keyword":
+        try:
+            sinew.init(no_such_option=3)
+        except sinew.UsageError as e:
+            print(f"[own_loop] caught sinew.UsageError (exit code {e.exit_code}): {e}", flush=True)
+            return 0
+        print("[own_loop] no error for an unknown keyword", flush=True)
+        return 1
+
+    job = sinew.init()
+    train_x, train_y, test_x, test_y, _ = job.dataset()
+    train = TensorDataset(train_x, train_y)
+    net = build(args.model, train_x.shape[1], train_x.shape[2], train_x.shape[3], int(train_y.max()) + 1)
+    if args.trap == "frozen":
+        # DDP's habit: frozen layers and integer buffers are made rank 0's at start. Here each rank
+        # initialises them differently; Sinew must make them equal (and give a replacement rank 0's).
+        net[0].bias.requires_grad_(False)
+        with torch.no_grad():
+            net[0].bias.fill_(float(job.rank) + 0.5)
+            net[1].num_batches_tracked.fill_(100 * job.rank)
+    model = job.wrap(net)
+    opt = None
+    if args.trap != "no-optimizer":
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    if args.trap == "batch-sampler":
+        loader = DataLoader(train, batch_sampler=job.sampler(train), num_workers=args.workers)
+    else:
+        loader = DataLoader(train, sampler=job.sampler(train), batch_size=args.batch_size,
+                            num_workers=args.workers, persistent_workers=args.workers > 0)
+
+    for epoch in job.epochs(range(1, args.epochs + 1)):
+        model.train()
+        for i, (x, y) in enumerate(loader):
+            if opt is not None:
+                opt.zero_grad()
+            else:
+                model.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            if args.trap != "no-backward":
+                loss.backward()
+            if args.trap == "grad-replaced" and job.step >= 3:
+                net[-1].weight.grad = net[-1].weight.grad.clone()
+            if args.trap == "clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            if opt is not None:
+                opt.step()
+                if args.trap == "step-twice" and job.step >= 3:
+                    opt.step()
+            else:
+                with torch.no_grad():
+                    for q in model.parameters():
+                        q.add_(q.grad, alpha=-args.lr)
+            if args.trap == "late-optimizer" and i == 2:
+                torch.optim.SGD(model.parameters(), lr=0.1).step()
+            if args.trap == "break" and i == 2:
+                break
+        model.eval()
+        with torch.no_grad():
+            correct = int((model(test_x).argmax(1) == test_y).sum())
+        accuracy = job.all_reduce(correct, op="max") / len(test_y)  # the same model everywhere: max == each
+        if job.rank == 0:
+            lr = opt.param_groups[0]["lr"] if opt is not None else args.lr
+            print(f"[own_loop] epoch {epoch}: test accuracy {100 * accuracy:.2f}% lr {lr:g} world {job.size} "
+                  f"step {job.step}", flush=True)
+        if opt is not None:
+            sched.step()
+
+    loop = job._loop
+    if args.trap == "frozen":
+        # Every rank holds rank 0's frozen bias and integer buffer (0.5 and its count): min == max.
+        lo = job.all_reduce([-net[0].bias.sum().item(), -float(net[1].num_batches_tracked)], op="max")
+        hi = job.all_reduce([net[0].bias.sum().item(), float(net[1].num_batches_tracked)], op="max")
+        same = -lo[0] == hi[0] and -lo[1] == hi[1]
+        print(f"[own_loop] rank {job.rank}: frozen bias sum {net[0].bias.sum().item():g} num_batches_tracked "
+              f"{int(net[1].num_batches_tracked)}; equal on every rank: {same}", flush=True)
+        if not same:
+            return 1
+    if job.rank == 0:
+        s = job.summary
+        print(f"[own_loop] done: {s['steps']} steps, {s['failures']} failures, world {s['world_size']}, "
+              f"{loop.dropped} batches dropped, {loop.recoveries} recoveries", flush=True)
+        if args.out:
+            state = {"params": {k: v.detach().clone() for k, v in net.named_parameters()},
+                     "buffers": {k: v.detach().clone() for k, v in net.named_buffers()},
+                     "lr": [g["lr"] for g in opt.param_groups] if opt is not None else [],
+                     "sched": sched.state_dict() if opt is not None else {},
+                     "opt_step": [int(opt.state[q]["step"]) if "step" in opt.state[q] else 0
+                                  for q in model.parameters()] if opt is not None else [],
+                     "steps": s["steps"]}
+            torch.save(state, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
