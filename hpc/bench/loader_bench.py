@@ -45,14 +45,14 @@ def mpi_env():
     return out[0], out[1:-1], out[-1]
 
 
-def run_job(args, ranks, workers, sinew_options, log):
+def run_job(args, ranks, workers, epochs, sinew_options, log):
     """One job of the example; returns its RESULT (a dict). Its output goes to `log`. The job runs in a session
     of its own, so that a deadline ends mpirun and every rank and worker it started."""
     mpirun, flags, build = args.mpi
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"), OMP_NUM_THREADS="1",
                SINEW_OPTIONS=" ".join(["--progress false"] + sinew_options))
     cmd = [mpirun, *flags, "-n", str(ranks), "-x", "SINEW_OPTIONS", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
-           args.python, os.path.join(EXAMPLE, "train.py"), "--data", args.data, "--epochs", str(args.epochs),
+           args.python, os.path.join(EXAMPLE, "train.py"), "--data", args.data, "--epochs", str(epochs),
            "--batch-size", str(args.batch_size), "--workers", str(workers), "--arch", args.arch]
     with open(log, "w") as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -144,7 +144,7 @@ def main():
     runs = {w: [] for w in settings}
     for r in range(args.rounds):
         for w in (settings if r % 2 == 0 else settings[::-1]):
-            res = run_job(args, args.ranks, w, [], os.path.join(work, f"round{r}-workers{w}.log"))
+            res = run_job(args, args.ranks, w, args.epochs, [], os.path.join(work, f"round{r}-workers{w}.log"))
             runs[w].append(res["samples_per_s"])
             print(f"round {r + 1}/{args.rounds}, workers {w}: {res['samples_per_s']:.1f} samples/s", flush=True)
     median = {w: statistics.median(v) for w, v in runs.items()}
@@ -155,18 +155,16 @@ def main():
 
     if not args.no_resize:
         schedule = args.resize_schedule or default_schedule(args, size)
-        args.epochs, throughput_epochs = 2, args.epochs
         report["resize"] = {"schedule": schedule, "epochs": 2, "after": args.after, "runs": {}}
         for w in settings:
             run_dir = os.path.join(work, f"resize-workers{w}")
             os.makedirs(run_dir, exist_ok=True)
             metrics = os.path.join(run_dir, "metrics.jsonl")
-            res = run_job(args, args.ranks, w, ["--resize-schedule", schedule, "--metrics", metrics,
+            res = run_job(args, args.ranks, w, 2, ["--resize-schedule", schedule, "--metrics", metrics,
                                                 "--log-every", "1"], os.path.join(run_dir, "out.log"))
             report["resize"]["runs"][str(w)] = {"dropped": res["dropped"], "samples_per_s": res["samples_per_s"],
                                                 "steps": res["steps"], "events": resize_costs(metrics, args.after)}
             print(f"resize run, workers {w}: {res['dropped']} iterations dropped", flush=True)
-        args.epochs = throughput_epochs
 
     print(f"\n### DataLoader workers: {args.ranks} ranks, {size} PNG images, batch {args.batch_size} per rank, "
           f"{args.arch}, {args.epochs} epoch(s), median of {args.rounds}\n")

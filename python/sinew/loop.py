@@ -110,6 +110,8 @@ class Loop:
         self.batch_size = None
         self.fifo = collections.deque()  # plans of the batches handed to the loader, oldest first
         self.plan_gen = 0                # + 1 at every restart of the loaders
+        self.plan_skip = 0               # steps the restarted plan skips (begun on a batch in hand)
+        self.replan = False              # the group changed at the boundary: restart the loaders
         self.iters = weakref.WeakSet()   # DataLoader iterators that draw from the sampler
         self.loaders = weakref.WeakSet()
         self.dropped = 0           # iterations dropped: stale batches after a change of the group
@@ -306,10 +308,12 @@ class Loop:
         for fn in self.on_resize:
             fn(self.job)
 
-    def _reset_loaders(self):
-        """The batches the loaders fetched ahead were planned for the old group: drop them, fetch the new plan."""
+    def _reset_loaders(self, skip=0):
+        """The batches the loaders fetched ahead were planned for the old group: drop them, fetch the new plan
+        (from the step `skip` steps after the next one: 1 when the next one has begun on a batch in hand)."""
         self.fifo.clear()
         self.plan_gen += 1
+        self.plan_skip = skip
         self.resetting = True
         try:
             for it in list(self.iters):
@@ -355,7 +359,7 @@ class Loop:
                 more = self.core.settle()
                 if more and self.core.group_epoch != self.synced_epoch:  # grown or shrunk at the boundary
                     self._sync()
-                    self._reset_loaders()
+                    self.replan = True  # the loaders' plans were the old group's (on_forward restarts them)
                     self._resized()
                 break
             except CommFailure:
@@ -389,6 +393,7 @@ class Loop:
             self.restore_pending = True
             self._reset_loaders()
             return
+        replan, self.replan = self.replan, False
         if _standin(self.core.peek(0)) != expected:
             # Fetched for the group as it was: dropped, and the loader restarted on the new plan.
             self.void = True
@@ -401,6 +406,10 @@ class Loop:
             return
         self.settled = False
         self.stepped = False
+        if replan:
+            # The group changed and this batch is still this rank's share of the step: trained; what the loaders
+            # fetched after it was planned for the old group, and they restart from the next step.
+            self._reset_loaders(skip=1)
 
     def _backward_done(self):
         """Autograd's final callback of the step's backward: the reduction is complete."""
@@ -452,10 +461,12 @@ class Loop:
         if not self.resetting and not self.settle():
             return
         self.fifo.clear()
-        gen, base, handed = self.plan_gen, self.core.step, 0
+        gen, base, handed = self.plan_gen, self.core.step, self.plan_skip
+        self.plan_skip = 0
         while True:
             if gen != self.plan_gen:  # the group changed (the loaders were restarted): plan from here again
-                gen, base, handed = self.plan_gen, self.core.step, 0
+                gen, base, handed = self.plan_gen, self.core.step, self.plan_skip
+                self.plan_skip = 0
             idx = self.core.peek(max(handed - (self.core.step - base), 0))
             if idx is None:
                 return

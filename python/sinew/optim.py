@@ -37,12 +37,15 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
     base = flat.data_ptr()
     offset = {id(p): (p.data_ptr() - base) // flat.element_size() for _, p in named_params}
     real_step = opt.step  # (an lr_scheduler may have wrapped it: its bookkeeping stays)
-    lrs = [g["lr"] for g in opt.param_groups]
+    # The state is created by a step with zero gradients, learning rate 0 and no weight decay: no parameter
+    # moves, and the state holds what it holds before a first step (zeros; Adagrad's initial accumulator),
+    # so that the first real step is plain PyTorch's, bit for bit.
+    kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in opt.param_groups]
     for g in opt.param_groups:
-        g["lr"] = 0.0
-    real_step()  # the gradients are zero: the state is created, no parameter moves
-    for g, lr in zip(opt.param_groups, lrs):
-        g["lr"] = lr
+        g.update({k: 0.0 for k in ("lr", "weight_decay") if k in g})
+    real_step()
+    for g, k in zip(opt.param_groups, kept):
+        g.update(k)
     keys = []
     for n, p in named_params:
         for k, v in opt.state.get(p, {}).items():

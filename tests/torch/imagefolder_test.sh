@@ -59,7 +59,12 @@ scenario() {
   python3 "$root/mpi_scripts/check-audit.py" "$run/audit" --dataset-size $train_size --epochs $epochs \
     || problems+=("the audit")
   echo "-- metrics: ${checks[*]}"
-  python3 "$root/tests/cli/check_run.py" "$run/metrics.jsonl" "${checks[@]}" || problems+=("the metrics")
+  if [ -f "$run/metrics.jsonl" ]; then
+    python3 "$root/tests/cli/check_run.py" "$run/metrics.jsonl" "${checks[@]}" || problems+=("the metrics")
+  else
+    echo "no metrics file"
+    problems+=("no metrics")
+  fi
   echo "-- RESULT: printed once, accuracy above chance (>= 20%)"
   "$python" - "$run/out.txt" <<'PY' || problems+=("the RESULT line")
 import json, sys
@@ -74,7 +79,7 @@ PY
   if [ ${#problems[@]} -eq 0 ]; then
     echo "PASS $name"
   else
-    echo "FAIL $name: ${problems[*]}"
+    echo "FAIL $name: $(printf '%s; ' "${problems[@]}")"
     echo "---- last lines of the job's output ----"
     tail -n 30 "$run/out.txt"
     failed=1

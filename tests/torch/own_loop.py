@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import sinew
 
 TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
-         "frozen", "clip", "no-optimizer", "break")
+         "frozen", "clip", "no-optimizer", "break", "plain")
 
 
 def build(name, channels, height, width, classes):
@@ -64,11 +64,17 @@ def main():
         with torch.no_grad():
             net[0].bias.fill_(float(job.rank) + 0.5)
             net[1].num_batches_tracked.fill_(100 * job.rank)
+    if args.trap == "plain":  # one process: the same steps as plain PyTorch, bit for bit
+        import copy
+        plain = copy.deepcopy(net)
     model = job.wrap(net)
     opt = None
     if args.trap != "no-optimizer":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        if args.trap == "plain":
+            plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+            plain_sched = torch.optim.lr_scheduler.StepLR(plain_opt, step_size=1, gamma=0.5)
     if args.trap == "batch-sampler":
         loader = DataLoader(train, batch_sampler=job.sampler(train), num_workers=args.workers)
     else:
@@ -97,6 +103,15 @@ def main():
                 with torch.no_grad():
                     for q in model.parameters():
                         q.add_(q.grad, alpha=-args.lr)
+            if args.trap == "plain":
+                plain.train()
+                plain_opt.zero_grad()
+                F.cross_entropy(plain(x), y).backward()
+                plain_opt.step()
+                for (k, a), b in zip(net.state_dict().items(), plain.state_dict().values()):
+                    if not torch.equal(a, b):
+                        print(f"[own_loop] step {job.step}: {k} differs from plain PyTorch's", flush=True)
+                        return 1
             if args.trap == "late-optimizer" and i == 2:
                 torch.optim.SGD(model.parameters(), lr=0.1).step()
             if args.trap == "break" and i == 2:
@@ -111,6 +126,8 @@ def main():
                   f"step {job.step}", flush=True)
         if opt is not None:
             sched.step()
+            if args.trap == "plain":
+                plain_sched.step()
 
     loop = job._loop
     if args.trap == "frozen":

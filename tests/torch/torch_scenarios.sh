@@ -331,6 +331,11 @@ PY
     # with batch 64 (an MLP: no BatchNorm, whose statistics are per batch).
     loop 1 120 --model mlp --batch-size 64 --out "$d/one.pt" -- "${lcommon[@]}" || fail "1 process: exit $?"
     loop 4 180 --model mlp --batch-size 16 --out "$d/four.pt" -- "${lcommon[@]}" || fail "4 ranks: exit $?"
+    # And one process of Sinew's takes plain PyTorch's steps, bit for bit (a CNN with BatchNorm, SGD with
+    # momentum and weight decay, StepLR).
+    loop 1 120 --trap plain -- "${lcommon[@]}" || fail "one process is not plain PyTorch: exit $?"
+    grep -q "done: 128 steps" "$d/out.txt" || fail "plain: not 128 steps"
+    echo "ok: 1 process, 128 steps: parameters and buffers equal plain PyTorch's at every step"
     "$python" - "$d/one.pt" "$d/four.pt" <<'PY' || fail "parameters"
 import sys, torch
 a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])

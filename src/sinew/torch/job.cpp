@@ -242,6 +242,13 @@ bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t ba
     SINEW_THROW(InvalidArgument, "a batch size of {} and {} epochs: both must be at least 1", batch_size, epochs);
   impl_->cfg.batch_size = batch_size;
   impl_->cfg.epochs = epochs;
+  // The learning rate is the script's optimizer's (and its scheduler's): Sinew's update multiplies it by the
+  // session's lr, which is then --lr-scaling's factor alone (1 until a resize).
+  impl_->cfg.lr = 1;
+  impl_->cfg.lr_schedule = "constant";
+  impl_->cfg.warmup_steps = 0;
+  impl_->cfg.dataset = "the script's data";
+  impl_->cfg.model = "pytorch";
   Steps none;
   if (!start(work, train_size, none)) return false;
   Impl& m = *impl_;
