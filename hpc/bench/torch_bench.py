@@ -3,8 +3,9 @@
 
     python3 hpc/bench/torch_bench.py [--ranks 4] [--steps 12] [--models resnet18,transformer] [--out DIR]
 
-For each model, the same 4-rank job twice on this machine: DDP over gloo, and Sinew through its Python
-package (the ring allreduce: --algorithm gradient_allreduce --allreduce ring). Both train the same model on
+For each model, the same 4-rank job three times on this machine: DDP over gloo, and Sinew through its Python
+package (the ring allreduce: --algorithm gradient_allreduce --allreduce ring), by Job.run's step function and
+by the script's own loop (DDP's loop with Sinew's lines: the user's optimizer, a DataLoader over job.sampler()). Both train the same model on
 the same synthetic batches (no download), one torch thread per rank, and report:
   - step time (median over the timed steps, after warm-up) and Sinew's as a ratio of DDP's;
   - peak resident memory per rank (the largest over the ranks);
@@ -113,6 +114,25 @@ def worker(args):
         write_result(args, rank, result)
         return 0
     import sinew
+    if args.impl == "loop":
+        # The script's own loop (docs/pytorch.md): DDP's loop above with Sinew's four lines, timed the same way.
+        from torch.utils.data import DataLoader, TensorDataset
+        job = sinew.init(max_steps=total, algorithm="gradient_allreduce", allreduce="ring", progress=False,
+                         log_level="warn")
+        model = job.wrap(build(args.model), args.model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        data = TensorDataset(x, y)
+        loader = DataLoader(data, sampler=job.sampler(data), batch_size=args.batch)
+        times = []
+        for _ in job.epochs(1):
+            for xb, yb in loader:
+                t = time.perf_counter()
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                times.append((time.perf_counter() - t) * 1e3)
+        write_result(args, job.rank, {"rank": job.rank, "step_ms": times[args.warmup:], "rss_mb": rss_mb()})
+        return 0
     from sinew.steps import classifier
     job = sinew.Job(["--max-steps", str(total), "--epochs", "1", "--batch-size", str(args.batch), "--lr", "0.01",
                      "--lr-schedule", "constant", "--warmup-steps", "0", "--algorithm", "gradient_allreduce",
@@ -157,7 +177,7 @@ def main():
     p.add_argument("--models", default="resnet18,transformer")
     p.add_argument("--out", default=os.path.join(ROOT, "hpc", "bench", "results"))
     p.add_argument("--build", default=os.environ.get("SINEW_BUILD_DIR", os.path.join(ROOT, "build")))
-    p.add_argument("--worker", choices=["ddp", "sinew"])
+    p.add_argument("--worker", choices=["ddp", "sinew", "loop"])
     p.add_argument("--model")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--port", type=int, default=29500)
@@ -175,28 +195,34 @@ def main():
             ddp = launch(args, "ddp", model)
             sinew_res = launch(args, "sinew", model)
             events = [json.loads(l) for l in open(args.metrics) if l.strip()]
+            loop = launch(args, "loop", model)
         steps = [e for e in events if "step_ms" in e and "event" not in e and e["step"] > args.warmup]
         ddp_ms = statistics.median(t for r in ddp for t in r["step_ms"])
         sinew_ms = statistics.median(e["step_ms"] for e in steps)
         comm = sum(e["comm_ms"] for e in steps)
         exposed = sum(e["exposed_comm_ms"] for e in steps)
+        loop_ms = statistics.median(t for r in loop for t in r["step_ms"])
         row = {"model": model, "ranks": args.ranks, "batch_per_rank": args.batch_of[model],
                "ddp_step_ms": ddp_ms, "sinew_step_ms": sinew_ms, "ratio": sinew_ms / ddp_ms,
                "ddp_rss_mb": max(r["rss_mb"] for r in ddp), "sinew_rss_mb": max(r["rss_mb"] for r in sinew_res),
+               "loop_step_ms": loop_ms, "loop_ratio": loop_ms / ddp_ms, "loop_rss_mb": max(r["rss_mb"] for r in loop),
                "sinew_comm_ms": comm / len(steps), "sinew_exposed_comm_ms": exposed / len(steps),
                "hidden": 1 - exposed / comm if comm > 0 else 0.0}
         rows.append(row)
         print(f"{model}: DDP {ddp_ms:.0f} ms, Sinew {sinew_ms:.0f} ms per step ({row['ratio']:.2f}x DDP); "
               f"peak RSS DDP {row['ddp_rss_mb']:.0f} MB, Sinew {row['sinew_rss_mb']:.0f} MB; Sinew's communication "
-              f"{row['sinew_comm_ms']:.0f} ms per step, {100 * row['hidden']:.0f} % hidden behind backward", flush=True)
+              f"{row['sinew_comm_ms']:.0f} ms per step, {100 * row['hidden']:.0f} % hidden behind backward; the script's "
+              f"own loop {loop_ms:.0f} ms ({row['loop_ratio']:.2f}x DDP), {row['loop_rss_mb']:.0f} MB", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "torch_bench.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "rows": rows}, f, indent=1)
     print()
-    print(f"{'model':<12} {'DDP ms':>8} {'Sinew ms':>9} {'ratio':>6} {'DDP MB':>7} {'Sinew MB':>9} {'hidden':>7}")
+    print(f"{'model':<12} {'DDP ms':>8} {'Sinew ms':>9} {'ratio':>6} {'loop ms':>8} {'ratio':>6} {'DDP MB':>7} "
+          f"{'Sinew MB':>9} {'loop MB':>8} {'hidden':>7}")
     for r in rows:
         print(f"{r['model']:<12} {r['ddp_step_ms']:>8.0f} {r['sinew_step_ms']:>9.0f} {r['ratio']:>6.2f} "
-              f"{r['ddp_rss_mb']:>7.0f} {r['sinew_rss_mb']:>9.0f} {100 * r['hidden']:>6.0f}%")
+              f"{r['loop_step_ms']:>8.0f} {r['loop_ratio']:>6.2f} {r['ddp_rss_mb']:>7.0f} {r['sinew_rss_mb']:>9.0f} "
+              f"{r['loop_rss_mb']:>8.0f} {100 * r['hidden']:>6.0f}%")
     return 0
 
 

@@ -200,6 +200,13 @@ struct Session::Impl {
           spdlog::warn(
               "--state-mirror: a workload on a GPU is not mirrored (a copy to the host every step); "
               "a relaunch starts from the latest checkpoint");
+      } else if (work.has_extra_state()) {
+        // The node's copy holds tensors and the position only: a relaunch from it would lose the state
+        // beside them (the script's LR scheduler) and train on with a wrong one. The checkpoint holds it.
+        if (group.rank() == 0 && group.role() == membership::Role::kInitial)
+          spdlog::info(
+              "--state-mirror: off for a script's own loop (its scheduler and registered state are not in the "
+              "node's copy); a relaunch starts from the latest checkpoint");
       } else {
         state.attach_mirror(cfg.state_mirror);
       }

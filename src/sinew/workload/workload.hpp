@@ -129,6 +129,7 @@ class Workload {
   /// State beside the tensors, as text, that checkpoints carry (the Python package's LR scheduler and
   /// registered objects); load_extra_state() gets it back on a resume. Default: none.
   [[nodiscard]] virtual std::string extra_state() const { return {}; }
+  [[nodiscard]] virtual bool has_extra_state() const { return false; }
   virtual void load_extra_state(const std::string& text) { (void)text; }
   /// A workload on a device: copies the buffers device -> host before the runtime reads buffers(), and back
   /// after it wrote them (the broadcast after each step). No-ops on the host.
