@@ -14,7 +14,8 @@ for _ in $(seq 4800); do
   sleep 0.25
 done
 for p in $(pgrep -f -- "$mark" || true); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
+  # (A process that has just gone has no environ: the redirection's error is the group's, hidden with it.)
+  if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
     echo "[sinew] kill -9 $p (rank 2) at step ${step:-?}"
     kill -9 "$p"
   fi

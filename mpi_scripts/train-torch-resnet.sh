@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# torchvision's ResNet-18 on Fashion-MNIST through the sinew Python package (examples/torch/train_resnet.py),
-# 4 ranks, 3 epochs, like the README's first command: set-up (if needed; it installs Torch from PyPI), build,
-# then about a third of the way in one rank is killed with kill -9. The others recover in place, take the
-# state from their memory, redo the step and spawn a replacement (python3 running the same script) that
-# takes its state from theirs; the job finishes. Prints the recovery's timings, checks the exactly-once
-# audit and prints the test accuracy. About 10 minutes on 2 cores.
-# SINEW_KILL=0 trains without the kill. Extra arguments go to the script (sinew-train's options).
+# torchvision's ResNet-18 on Fashion-MNIST in a PyTorch script's own loop (examples/torch/train_resnet.py:
+# zero_grad, backward, step, a DataLoader, a scheduler; Sinew's four lines), 4 ranks, 3 epochs, under
+# sinew-run: set-up (if needed; it installs Torch from PyPI), build, then about a third of the way in one rank
+# is killed with kill -9. The others recover in place inside the script's loop, take the state from their
+# memory, redo the step and spawn a replacement (python3 running the same script) that takes its state from
+# theirs and joins the loop at the current epoch and step; the job finishes. Prints the recovery's timings,
+# checks the exactly-once audit and prints the test accuracy. About 10 minutes on 2 cores.
+# SINEW_KILL=0 trains without the kill. Extra arguments go to the script (its own: --epochs, --lr, ...).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bash "$here/setup.sh"
@@ -21,14 +22,15 @@ metrics=${SINEW_METRICS:-$PWD/torch-resnet-metrics.jsonl}
 audit=$(mktemp -d)
 trap 'rm -rf "$audit"' EXIT
 rm -f "$metrics"
-args=(--epochs $epochs --metrics "$metrics" --audit-dir "$audit" --log-every 100 "$@")
+script=$(cd "$here/../examples/torch" && pwd)/train_resnet.py
 export PYTHONPATH="$SINEW_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
-echo "[sinew] mpirun -n $ranks python3 examples/torch/train_resnet.py ${args[*]}"
-"$SINEW_MPIRUN" "${SINEW_MPIRUN_FLAGS[@]}" -n "$ranks" -x PYTHONPATH "$SINEW_TORCH_VENV/bin/python" \
-  "$here/../examples/torch/train_resnet.py" "${args[@]}" &
+# Sinew's options go to sinew-run (the job gets them in SINEW_OPTIONS); the script's own after the program.
+sinew_opts=(--metrics "$metrics" --audit-dir "$audit" --log-every 100)
+echo "[sinew] sinew-run -n $ranks ${sinew_opts[*]} -- python3 examples/torch/train_resnet.py --epochs $epochs $*"
+"$here/sinew-run" -n "$ranks" "${sinew_opts[@]}" -- "$SINEW_TORCH_VENV/bin/python" "$script" --epochs $epochs "$@" &
 job=$!
 if [ "${SINEW_KILL:-1}" = 1 ]; then
-  bash "$here/kill-at-step.sh" "$metrics" 500 "--audit-dir $audit" $job  # step 500 of ~1400
+  bash "$here/kill-at-step.sh" "$metrics" 500 "$script" $job  # step 500 of ~1400
 fi
 rc=0
 wait $job || rc=$?

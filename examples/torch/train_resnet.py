@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""torchvision's ResNet-18 on Fashion-MNIST with Sinew's elastic runtime.
+"""torchvision's ResNet-18 on Fashion-MNIST in a PyTorch script's own loop, elastic with Sinew.
 
-    mpirun -n 4 [mpi_scripts/env.sh's flags] python3 examples/torch/train_resnet.py [sinew options]
+    sinew-run -n 4 [Sinew options] -- python3 examples/torch/train_resnet.py [--epochs 3 --lr 0.05 ...]
 
-The model is torchvision's, adapted to 1x28x28 inputs: a 3x3 stride-1 stem for one channel (the max-pool
-stays), 10 classes. Data: the Fashion-MNIST of Debian's dataset-fashion-mnist, loaded by Sinew (nothing is
-downloaded). Any sinew-train option may be given (--epochs, --batch-size, --lr, --algorithm, --spares,
---checkpoint-dir, ...); the ones below are this script's defaults. If a rank dies, the others recover in
-place, redo the step and start a replacement running this same script.
+The loop is the one a DDP script has (zero_grad, backward, step, a DataLoader, a scheduler); Sinew's part is
+sinew.init(), job.wrap(), job.sampler() and job.epochs(). The model is torchvision's, adapted to 1x28x28
+inputs: a 3x3 stride-1 stem for one channel (the max-pool stays), 10 classes. The data: Fashion-MNIST from
+Debian's dataset-fashion-mnist, read by Sinew's loader (nothing is downloaded). If a rank dies, the others
+recover in place inside the loop, redo the step and start a replacement running this same script. Sinew's
+options (--checkpoint-dir, --spares, --algorithm, ...) come from the launcher or SINEW_OPTIONS, never from
+this script's command line.
 """
 import argparse
 import os
@@ -15,13 +17,11 @@ import sys
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torchvision
+from torch.utils.data import DataLoader, TensorDataset
 
 import sinew
-from sinew.steps import classifier
-
-DEFAULTS = {"--epochs": 3, "--batch-size": 32, "--lr": 0.05, "--momentum": 0.9, "--weight-decay": 5e-4,
-            "--lr-schedule": "cosine", "--warmup-steps": 100}
 
 
 def resnet18_fashion_mnist():
@@ -31,15 +31,32 @@ def resnet18_fashion_mnist():
     return m
 
 
+def evaluate(model, job, test_x, test_y, chunk=500):
+    """Test accuracy of the group's model: each rank its share of the test set, the counts summed."""
+    model.eval()
+    first, last = len(test_x) * job.rank // job.size, len(test_x) * (job.rank + 1) // job.size
+    correct = 0
+    with torch.no_grad():
+        for s in range(first, last, chunk):
+            x, y = test_x[s:min(s + chunk, last)], test_y[s:min(s + chunk, last)]
+            correct += int((model(x).argmax(1) == y).sum())
+    return job.all_reduce(correct) / len(test_x)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--cuda", action="store_true",
                    help="train on a GPU (the local rank's, modulo the GPUs visible): gradients reduced by NCCL")
-    args, sinew_options = p.parse_known_args()
+    args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    job = sinew.Job(sinew_options, defaults=DEFAULTS)
+    job = sinew.init()
     train_x, train_y, test_x, test_y, about = job.dataset()
     net = resnet18_fashion_mnist()
     if args.cuda:
@@ -48,16 +65,32 @@ def main():
         net = net.to(device)
         train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
     model = job.wrap(net, "resnet18")
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+    train_set = TensorDataset(train_x, train_y)
+    loader = DataLoader(train_set, sampler=job.sampler(train_set), batch_size=args.batch_size)
     if job.rank == 0:
         print(f"[train_resnet] {about}; {model.describe()}", flush=True)
 
-    train_step, evaluate = classifier(model, train_x, train_y, test_x, test_y)
-    summary = job.run(model, len(train_x), train_step, evaluate, len(test_x))
-    if job.rank == 0 and not summary["left"]:
-        print(f"[train_resnet] done: test accuracy {100 * summary['test_accuracy']:.2f}% after "
-              f"{summary['epochs']} epochs ({summary['steps']} steps, {summary['wall_s']:.0f} s, "
-              f"{summary['failures']} failures recovered, {summary['world_size']} ranks at the end)", flush=True)
-    job.exit(summary["exit_code"])
+    for epoch in job.epochs(range(1, args.epochs + 1)):
+        model.train()
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+        accuracy = evaluate(model, job, test_x, test_y)
+        if job.rank == 0:
+            print(f"[train_resnet] epoch {epoch}: test accuracy {100 * accuracy:.2f}% (lr "
+                  f"{scheduler.get_last_lr()[0]:.4g}, {job.size} ranks, step {job.step})", flush=True)
+        scheduler.step()
+
+    s = job.summary
+    if job.rank == 0:
+        print(f"[train_resnet] done: test accuracy {100 * accuracy:.2f}% after {args.epochs} epochs ({s['steps']} "
+              f"steps, {s['wall_s']:.0f} s, {s['failures']} failures recovered, {s['world_size']} ranks at the end)",
+              flush=True)
 
 
 if __name__ == "__main__":

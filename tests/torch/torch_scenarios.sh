@@ -27,6 +27,8 @@
 #   loop-resize        the job server's schedule with DataLoader workers: audit exact, replicas equal
 #   loop-checkpoint    stopped at 4 ranks, resumed at 3: the scheduler's state comes from the checkpoint
 #   loop-traps         the habits that must fail loudly (exit 2, a message that says what to do) or work
+#   legacy-traps       the step-function APIs: the probe leaves no trace in the buffers, optimizer.step() in a
+#                      step function, sampler=state.sampler
 # Exit codes: 0 passed, 1 failed.
 set -u
 scenario=$1
@@ -325,6 +327,22 @@ PY
     [ $rc -eq 4 ] || fail "another model's checkpoint: exit $rc, expected 4"
     grep -q "written for another model\|this run needs" "$d/out.txt" || fail "another model's checkpoint: no clear error"
     [ "$(find "$d/ckpt" -type f -exec sha1sum {} + | sort)" = "$before" ] || fail "the checkpoint was changed"
+    ;;
+  legacy-traps)
+    # The step-function APIs: the probe pass before training leaves no trace in BatchNorm's buffers (and a kill's
+    # redone step counts its batch once): num_batches_tracked is the number of steps.
+    run 4 180 --model cnn -- "${common[@]}" "${std[@]}" --inject-fault 2:forward:11 || fail "cnn: exit $?"
+    grep -q "num_batches_tracked \[32, 32\]" "$d/out.txt" || fail "num_batches_tracked is not 32 (probe or redo counted)"
+    echo "ok: num_batches_tracked 32 after 32 steps, a probe pass and a redone step"
+    run 2 120 --model mlp --torch-optimizer sgd --misuse opt-step -- "${common[@]}" "${std[@]}"
+    rc=$?
+    expect_error 2 "optimizer.step() in a Job.run/Job.state step function" "optimizer.step() in job.run's step"
+    run 2 120 --model mlp --misuse foreign-step -- "${common[@]}" "${std[@]}"
+    rc=$?
+    expect_error 2 "that Sinew does not know steps the model's parameters" "an unknown optimizer in job.run's step"
+    run 2 120 --model mlp --api sampler --misuse sampler-arg -- "${common[@]}" "${std[@]}"
+    rc=$?
+    expect_error 2 "give it to a DataLoader as batch_sampler=state.sampler, not sampler=" "sampler=state.sampler"
     ;;
   loop-equivalence)
     # The global mean gradient when backward() returns: 4 ranks of batch 16 take the steps 1 process takes

@@ -44,6 +44,8 @@ def main():
     p.add_argument("--api", default="run", help="run (job.run with a step function) | sampler (Horovod style: "
                    "job.state, job.elastic, sinew.data.ElasticSampler) | sampler-probe (the same, with the "
                    "step as the probe of backward's order)")
+    p.add_argument("--misuse", default="", help="opt-step (optimizer.step() in the step function) | foreign-step "
+                   "(an optimizer Sinew does not know, stepped there) | sampler-arg (DataLoader(sampler=state.sampler))")
     args, sinew_options = p.parse_known_args()
     if sinew_options and sinew_options[0] == "--":
         sinew_options = sinew_options[1:]
@@ -68,10 +70,16 @@ def main():
     if job.rank == 0:
         print(f"[train_job] {about}; {model.describe()}", flush=True)
 
+    foreign = torch.optim.SGD(net.parameters(), lr=0.1) if args.misuse == "foreign-step" else None
+
     def train_step(indices):
         idx = torch.tensor(indices)
         loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
         loss.backward()
+        if args.misuse == "opt-step":
+            opt.step()
+        if foreign is not None:
+            foreign.step()
         return loss.item()
 
     def evaluate(first, last):
@@ -82,6 +90,10 @@ def main():
     if args.api in ("sampler", "sampler-probe"):
         probe = train_step if args.api == "sampler-probe" else None
         state = job.state(model, len(train_x), evaluate, len(test_x), probe=probe)
+        if args.misuse == "sampler-arg":
+            from torch.utils.data import DataLoader, TensorDataset
+            for _ in DataLoader(TensorDataset(train_x, train_y), sampler=state.sampler, batch_size=16):
+                pass
 
         @job.elastic
         def train(state):
@@ -94,6 +106,9 @@ def main():
     if job.rank == 0 and not summary["left"]:
         print(f"[train_job] done: {summary['steps']} steps, test accuracy {100 * summary['test_accuracy']:.2f}%, "
               f"{summary['failures']} failures, world {summary['world_size']}", flush=True)
+        counts = [int(b) for n, b in net.named_buffers() if n.endswith("num_batches_tracked")]
+        if counts:
+            print(f"[train_job] num_batches_tracked {counts}", flush=True)
         if args.params_out:
             # By name: the flat layout follows backward's order where it was probed, the module's elsewhere.
             torch.save({k: v.detach().clone() for k, v in net.named_parameters()}, args.params_out)
