@@ -222,5 +222,24 @@ TEST(Options, PathOptionsExpandTheLaunchPatterns) {
   EXPECT_NE(h.text.find("%j: Slurm job id"), std::string::npos);
 }
 
+TEST(Options, BooleanOptionsWorkBare) {
+  // A bare flag is true and never takes the next option for its value; a value still works.
+  const char* bare[] = {"sinew-train", "--find-unused-parameters", "--epochs", "2", "--shuffle", "false",
+                        "--overlap"};
+  const auto r = parse_command_line(7, bare, launch_with({}));
+  ASSERT_TRUE(r.config);
+  EXPECT_TRUE(r.config->find_unused_parameters);
+  EXPECT_EQ(r.config->epochs, 2);
+  EXPECT_FALSE(r.config->shuffle);
+  EXPECT_TRUE(r.config->overlap);
+  const char* valued[] = {"sinew-train", "--find-unused-parameters", "false", "--progress=false"};
+  const auto v = parse_command_line(4, valued, launch_with({}));
+  ASSERT_TRUE(v.config);
+  EXPECT_FALSE(v.config->find_unused_parameters);
+  EXPECT_FALSE(v.config->progress);
+  // A non-boolean option without its value is still refused, naming it.
+  EXPECT_NE(refusal({"--epochs", "--lr", "0.1"}, launch_with({})).find("epochs"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sinew::train
