@@ -224,7 +224,8 @@ class Loop:
         work.set_backward_done(self._backward_done)
         work.set_extra_state(self._extra_state)
         work.set_extra_loader(self._load_extra)
-        if not self.core.start_loop(work, self.sampler.dataset_size, self.batch_size, self.epochs_total):
+        shuffle = self.sampler.shuffle and self.job._job.shuffle  # (sinew.init(shuffle=False) too)
+        if not self.core.start_loop(work, self.sampler.dataset_size, self.batch_size, self.epochs_total, shuffle):
             self.started = True
             self._finish()  # a hot spare dismissed at the end: it never trained
             return

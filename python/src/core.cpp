@@ -182,6 +182,7 @@ PYBIND11_MODULE(_core, m) {
           [](pytorch::Job& j) -> std::int64_t { return j.session() != nullptr ? j.session()->step() : 0; })
       .def_property_readonly("epochs", [](const pytorch::Job& j) { return j.config().epochs; })
       .def_property_readonly("batch_size", [](const pytorch::Job& j) { return j.config().batch_size; })
+      .def_property_readonly("shuffle", [](const pytorch::Job& j) { return j.config().shuffle; })
       .def(
           "run",
           [](pytorch::Job& job, pytorch::TorchWorkload& work, std::size_t train_size,
@@ -226,7 +227,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("loss"))
       // ---- the script's own loop (python/sinew/__init__.py: the DDP-style loop) ----
       .def("start_loop", &pytorch::Job::start_loop, py::arg("workload"), py::arg("train_size"),
-           py::arg("batch_size"), py::arg("epochs"), py::call_guard<py::gil_scoped_release>())
+           py::arg("batch_size"), py::arg("epochs"), py::arg("shuffle"), py::call_guard<py::gil_scoped_release>())
       .def("settle", &pytorch::Job::settle, py::call_guard<py::gil_scoped_release>())
       .def("begin",
            [](pytorch::Job& job) {

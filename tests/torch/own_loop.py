@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import sinew
 
 TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
-         "frozen", "clip", "no-optimizer", "break", "plain")
+         "frozen", "clip", "no-optimizer", "break", "plain", "own-order")
 
 
 def build(name, channels, height, width, classes):
@@ -29,6 +29,14 @@ def build(name, channels, height, width, classes):
     return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                          nn.Flatten(), nn.Linear(16, classes))
+
+
+def _first_shown(batches, job):
+    """The batches, the first one's indices printed by rank 0 (the order kept: 0, 1, 2, ...)."""
+    for k, idx in enumerate(batches):
+        if k == 0 and job.rank == 0 and job.step == 0:
+            print(f"[own_loop] first indices {idx[:4]}", flush=True)
+        yield idx
 
 
 def main():
@@ -77,12 +85,17 @@ def main():
             plain_sched = torch.optim.lr_scheduler.StepLR(plain_opt, step_size=1, gamma=0.5)
     if args.trap == "batch-sampler":
         loader = DataLoader(train, batch_sampler=job.sampler(train), num_workers=args.workers)
+    elif args.trap == "own-order":
+        # A script that indexes its own tensors, in their order: the sampler's batches() are the indices.
+        sampler = job.sampler(len(train_x), shuffle=False)
     else:
         loader = DataLoader(train, sampler=job.sampler(train), batch_size=args.batch_size,
                             num_workers=args.workers, persistent_workers=args.workers > 0)
 
     for epoch in job.epochs(range(1, args.epochs + 1)):
         model.train()
+        if args.trap == "own-order":
+            loader = ((train_x[idx], train_y[idx]) for idx in _first_shown(sampler.batches(), job))
         for i, (x, y) in enumerate(loader):
             if opt is not None:
                 opt.zero_grad()

@@ -27,6 +27,7 @@
 #   loop-resize        the job server's schedule with DataLoader workers: audit exact, replicas equal
 #   loop-checkpoint    stopped at 4 ranks, resumed at 3: the scheduler's state comes from the checkpoint
 #   loop-traps         the habits that must fail loudly (exit 2, a message that says what to do) or work
+#   resnet-example     examples/torch/train_resnet.py with rank 0 killed, the audit exact
 #   legacy-traps       the step-function APIs: the probe leaves no trace in the buffers, optimizer.step() in a
 #                      step function, sampler=state.sampler
 # Exit codes: 0 passed, 1 failed.
@@ -344,6 +345,16 @@ PY
     rc=$?
     expect_error 2 "give it to a DataLoader as batch_sampler=state.sampler, not sampler=" "sampler=state.sampler"
     ;;
+  resnet-example)
+    # examples/torch/train_resnet.py (the README's PyTorch demonstration) on a little data: rank 0 killed in
+    # backward, recovered in place inside the script's loop, the audit exact.
+    rm -rf "$d/audit"
+    SINEW_OPTIONS="--dataset synthetic --limit-train 384 --progress false --audit-dir $d/audit --metrics $d/m.jsonl \
+--inject-fault 0:backward:3" timeout -k 5 300 "${mpiexec[@]}" -n 3 -x PYTHONPATH -x SINEW_OPTIONS "$python" \
+      "$root/examples/torch/train_resnet.py" --epochs 2 --batch-size 32 >"$d/out.txt" 2>&1 || fail "exit $?"
+    grep -q "done: test accuracy .* 1 failures recovered, 3 ranks at the end" "$d/out.txt" || fail "no recovery"
+    python3 "$root/mpi_scripts/check-audit.py" "$d/audit" --dataset-size 384 --epochs 2 || fail "audit"
+    ;;
   loop-equivalence)
     # The global mean gradient when backward() returns: 4 ranks of batch 16 take the steps 1 process takes
     # with batch 64 (an MLP: no BatchNorm, whose statistics are per batch).
@@ -447,6 +458,13 @@ PY
     loop 2 120 --trap no-optimizer --epochs 1 -- "${lcommon[@]}" --audit-dir "$d/audit" || fail "by hand: exit $?"
     loop 2 120 --trap clip --epochs 1 -- "${lcommon[@]}" || fail "clip: exit $?"
     echo "ok: updates by hand and clip_grad_norm_ train"
+    # A script that indexes its own data in its own order: job.sampler(n, shuffle=False).batches(), a kill.
+    rm -rf "$d/audit"
+    loop 3 180 --trap own-order -- "${lcommon[@]}" --batch-size 16 --audit-dir "$d/audit" \
+      --inject-fault 1:backward:7 || fail "own order: exit $?"
+    grep -q "first indices \[0, 1, 2, 3\]" "$d/out.txt" || fail "own order: the data set's order was not kept"
+    audit >/dev/null || fail "own order: audit"
+    echo "ok: the script's own indexing in the data set's order, a kill, the audit exact"
     ;;
   *)
     echo "unknown scenario $scenario"

@@ -237,11 +237,13 @@ void Job::recover(const CommFailure& e) {
   m.work->keep_buffers();
 }
 
-bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs) {
+bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs,
+                     bool shuffle) {
   if (batch_size == 0 || epochs <= 0)
     SINEW_THROW(InvalidArgument, "a batch size of {} and {} epochs: both must be at least 1", batch_size, epochs);
   impl_->cfg.batch_size = batch_size;
   impl_->cfg.epochs = epochs;
+  impl_->cfg.shuffle = shuffle;
   // The learning rate is the script's optimizer's (and its scheduler's): Sinew's update multiplies it by the
   // session's lr, which is then --lr-scaling's factor alone (1 until a resize).
   impl_->cfg.lr = 1;
