@@ -227,7 +227,8 @@ PYBIND11_MODULE(_core, m) {
           py::arg("loss"))
       // ---- the script's own loop (python/sinew/__init__.py: the DDP-style loop) ----
       .def("start_loop", &pytorch::Job::start_loop, py::arg("workload"), py::arg("train_size"),
-           py::arg("batch_size"), py::arg("epochs"), py::arg("shuffle"), py::call_guard<py::gil_scoped_release>())
+           py::arg("batch_size"), py::arg("epochs"), py::arg("shuffle"),
+           py::call_guard<py::gil_scoped_release>())
       .def("settle", &pytorch::Job::settle, py::call_guard<py::gil_scoped_release>())
       .def("begin",
            [](pytorch::Job& job) {
@@ -267,13 +268,12 @@ PYBIND11_MODULE(_core, m) {
           py::arg("values"), py::arg("max") = false)
       .def_property_readonly("group_epoch",
                              [](pytorch::Job& j) -> std::uint64_t { return session_of(j).group_epoch(); })
-      .def_property_readonly("joined",
-                             [](pytorch::Job& j) {
-                               return session_of(j).group().role() == membership::Role::kRecovered;
-                             })
-      .def_property_readonly("session_epoch", [](pytorch::Job& j) -> std::int64_t {
-        return j.session() != nullptr ? j.session()->epoch() : 0;
-      })
+      .def_property_readonly(
+          "joined",
+          [](pytorch::Job& j) { return session_of(j).group().role() == membership::Role::kRecovered; })
+      .def_property_readonly(
+          "session_epoch",
+          [](pytorch::Job& j) -> std::int64_t { return j.session() != nullptr ? j.session()->epoch() : 0; })
       .def("recover",
            [](pytorch::Job& job) {
              std::exception_ptr p = std::exchange(last_failure(), nullptr);

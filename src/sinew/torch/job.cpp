@@ -40,9 +40,9 @@ struct Job::Impl {
   std::size_t samples = 0;  // in the micro-batch handed out
   double step_loss = 0;
   // the caller's own loop
-  int phase = 0;             // 0 no step open, 1 begun, 2 reduced
-  bool boundary_due = false;  // a step was updated; its boundary comes at the next settle()
-  bool settled = false;       // settle() said "a step" and begin() has not yet come
+  int phase = 0;               // 0 no step open, 1 begun, 2 reduced
+  bool boundary_due = false;   // a step was updated; its boundary comes at the next settle()
+  bool settled = false;        // settle() said "a step" and begin() has not yet come
   std::exception_ptr failure;  // a CommFailure the gradient hooks saw (rethrown by reduce())
 };
 
@@ -240,7 +240,8 @@ void Job::recover(const CommFailure& e) {
 bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs,
                      bool shuffle) {
   if (batch_size == 0 || epochs <= 0)
-    SINEW_THROW(InvalidArgument, "a batch size of {} and {} epochs: both must be at least 1", batch_size, epochs);
+    SINEW_THROW(InvalidArgument, "a batch size of {} and {} epochs: both must be at least 1", batch_size,
+                epochs);
   impl_->cfg.batch_size = batch_size;
   impl_->cfg.epochs = epochs;
   impl_->cfg.shuffle = shuffle;

@@ -17,12 +17,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <exception>
 #include <vector>
 
 #include "sinew/core/error.hpp"
@@ -110,7 +110,8 @@ class Job {
   /// Builds the session over `work` (no probe pass: the buckets follow the module's order reversed), with
   /// the script's batch size per rank (its DataLoader's), number of epochs and whether its sampler shuffles.
   /// A hot spare waits here until it is promoted (true) or the run ends (false: call finish()).
-  bool start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs, bool shuffle);
+  bool start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs,
+                  bool shuffle);
   /// The previous step's end if it is still due (update(), its boundary), then what comes next: true a step
   /// (begin()), false the run is over (finish()). Idempotent until begin().
   bool settle();

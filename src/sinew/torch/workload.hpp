@@ -146,7 +146,9 @@ class TorchWorkload final : public workload::Workload {
   /// The Python package's state beside the tensors (its scheduler, registered objects), as text: made by
   /// `provider` when a checkpoint is written (from the state it kept at the last step boundary); `loader`
   /// receives it on a resume.
-  [[nodiscard]] std::string extra_state() const override { return extra_state_ ? extra_state_() : std::string(); }
+  [[nodiscard]] std::string extra_state() const override {
+    return extra_state_ ? extra_state_() : std::string();
+  }
   [[nodiscard]] bool has_extra_state() const override { return static_cast<bool>(extra_state_); }
   void load_extra_state(const std::string& text) override {
     if (extra_loader_) extra_loader_(text);

@@ -512,7 +512,8 @@ namespace {
 
 /// The arguments with "true" after every BOOL option given bare (`--find-unused-parameters --lr 0.1`),
 /// so that a flag works as users write it and never takes the next option for its value.
-std::vector<std::string> with_bare_flags(int argc, const char* const* argv, const po::options_description& desc) {
+std::vector<std::string> with_bare_flags(int argc, const char* const* argv,
+                                         const po::options_description& desc) {
   static const std::set<std::string> literals = {"true", "false", "1", "0", "yes", "no", "on", "off"};
   std::vector<std::string> out;
   for (int i = 1; i < argc; ++i) {

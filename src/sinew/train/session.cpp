@@ -154,9 +154,9 @@ struct Session::Impl {
   std::vector<Slice> ranges;                                   // the workload's ready order
   std::vector<std::pair<std::size_t, std::size_t>> by_offset;  // (offset, index in ranges), sorted
   std::vector<std::uint8_t> reported;                          // per range, this step
-  bool reduced = false;   // reduce() finished the step's reduction before end_step (the caller's loop)
-  double reduce_ms = 0;   // its communication time
-  std::vector<TensorView> views;                               // for messages
+  bool reduced = false;  // reduce() finished the step's reduction before end_step (the caller's loop)
+  double reduce_ms = 0;  // its communication time
+  std::vector<TensorView> views;  // for messages
 
   // This rank's place in the group, for the teacher service's balancer (read from its threads).
   std::atomic<int> student_rank{0}, student_size{1};
@@ -205,7 +205,8 @@ struct Session::Impl {
         // beside them (the script's LR scheduler) and train on with a wrong one. The checkpoint holds it.
         if (group.rank() == 0 && group.role() == membership::Role::kInitial)
           spdlog::info(
-              "--state-mirror: off for a script's own loop (its scheduler and registered state are not in the "
+              "--state-mirror: off for a script's own loop (its scheduler and registered state are not in "
+              "the "
               "node's copy); a relaunch starts from the latest checkpoint");
       } else {
         state.attach_mirror(cfg.state_mirror);
@@ -564,14 +565,16 @@ struct Session::Impl {
     auto& f = fabric();
     // The lowest rank that has them: a min over (have ? rank : size).
     std::int64_t v[2] = {have ? f.rank() : f.size(), 0};
-    f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(v, 1)), comm::ReduceOp::kMin, setup.op);
+    f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(v, 1)), comm::ReduceOp::kMin,
+                               setup.op);
     const int root = static_cast<int>(v[0]);
     if (root >= f.size()) return {};
     std::int64_t len[1] = {static_cast<std::int64_t>(bytes.size())};
     f.backend().broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(len)), root, setup.op);
     std::string out = f.rank() == root ? bytes : std::string(static_cast<std::size_t>(len[0]), '\0');
     if (!out.empty())
-      f.backend().broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(out))), root, setup.op);
+      f.backend().broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(out))), root,
+                                 setup.op);
     return out;
   }
 

@@ -172,8 +172,8 @@ class Session {
   /// The shard's sums; reduced over the group and reported (metrics, log, summary). Collective.
   void end_evaluation(const workload::EvalSums& sums, std::size_t count);
 
-  /// An evaluation the caller makes itself (the script's own loop evaluates in its own code): the epoch counts
-  /// as evaluated, with no collective and nothing reported.
+  /// An evaluation the caller makes itself (the script's own loop evaluates in its own code): the epoch
+  /// counts as evaluated, with no collective and nothing reported.
   void skip_evaluation();
 
   // ---- failures and the end ---------------------------------------------------------------------------
