@@ -112,6 +112,7 @@ class Loop:
         self.plan_gen = 0                # + 1 at every restart of the loaders
         self.plan_skip = 0               # steps the restarted plan skips (begun on a batch in hand)
         self.replan = False              # the group changed at the boundary: restart the loaders
+        self.planning = False            # a loader's first pull is settling (its iterator is being made)
         self.iters = weakref.WeakSet()   # DataLoader iterators that draw from the sampler
         self.loaders = weakref.WeakSet()
         self.dropped = 0           # iterations dropped: stale batches after a change of the group
@@ -315,9 +316,14 @@ class Loop:
         self.fifo.clear()
         self.plan_gen += 1
         self.plan_skip = skip
+        if self.planning:
+            return  # inside a loader's first pull (its start): it plans from here, nothing was fetched ahead
         self.resetting = True
         try:
             for it in list(self.iters):
+                if getattr(it, "_shutdown", False):  # an iterator whose epoch ended (its workers are gone)
+                    self.iters.discard(it)
+                    continue
                 loader = next((d for d in self.loaders if d.batch_sampler is getattr(it, "_index_sampler", None)),
                               None)
                 if loader is None or not hasattr(it, "_reset"):
@@ -459,8 +465,14 @@ class Loop:
         """This rank's plans of the epoch's steps from the next one on, as the group is now (its indices one by
         one, or `whole` lists); each goes into the FIFO that forward() takes the steps' batches from."""
         self.ensure_started()
-        if not self.resetting and not self.settle():
-            return
+        if not self.resetting:
+            self.planning = True
+            try:
+                more = self.settle()
+            finally:
+                self.planning = False
+            if not more:
+                return
         self.fifo.clear()
         gen, base, handed = self.plan_gen, self.core.step, self.plan_skip
         self.plan_skip = 0
