@@ -29,7 +29,7 @@ process with that code and one line, MPI finalized (bounded). Nothing here calls
 import os
 import sys
 
-import torch
+import torch  # noqa: F401  (first: the extension module links libtorch, which torch loads)
 
 # Open MPI loads its components as plugins that resolve symbols of libmpi: it must be loaded globally, as
 # mpi4py does, or MPI_Init fails inside the extension module.

@@ -36,7 +36,7 @@ from torch.utils.data import BatchSampler
 from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
 
 from . import CommFailure, Error, Left, RelaunchRequest, UsageError
-from .optim import adopt, replaced_grads, zero_views
+from .optim import adopt, replaced_grads
 
 # Options that belong to the step-function APIs: in the script's loop the optimizer, its learning rate and
 # schedule, the batch and the epochs are the script's own.
@@ -598,4 +598,4 @@ def _repoint(model):
             p.grad = view
 
 
-__all__ = ["Loop", "caller", "zero_views"]
+__all__ = ["Loop", "caller"]
