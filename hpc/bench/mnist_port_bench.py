@@ -144,6 +144,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, help="per rank (default: the script's, 64)")
     ap.add_argument("--seed", type=int, default=1, help="draws the killed rank, its step and phase")
+    ap.add_argument("--script-seed", type=int, help="the scripts' own --seed (default: theirs, 1)")
     ap.add_argument("--phases", default="forward,backward,optimizer", help="the phases a kill is drawn from")
     ap.add_argument("--only", help="a comma-separated subset of ddp,sinew,sinew-kill,sinew-kill0")
     ap.add_argument("--limit-train", type=int, default=0, help="the first N training images only (0: all)")
@@ -195,6 +196,8 @@ def main():
     faults = {"sinew": None, "sinew-kill": draw(rng.randrange(1, args.ranks)), "sinew-kill0": draw(0)}
 
     script_args = ["--epochs", str(args.epochs)] + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
+    if args.script_seed is not None:
+        script_args += ["--seed", str(args.script_seed)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=args.pythonpath)
     env.pop("SINEW_OPTIONS", None)
     print(f"{args.ranks} ranks, {args.epochs} epoch(s), {train_size} training / {test_size} test images, "
@@ -264,6 +267,9 @@ def main():
         m = r.get("metrics") or {}
         if r.get("fault") and not (m.get("recovered") and (m.get("done") or {}).get("failures") == 1):
             problems.append(f"{name}: no recovery from the kill in the metrics")
+        if "metrics" in r and (m.get("done") or {}).get("world_size") != args.ranks:
+            problems.append(f"{name}: ended with {(m.get('done') or {}).get('world_size')} ranks, not {args.ranks} "
+                            "(no replacement?)")
         for key, ref in (("vs_ddp", "DDP"), ("vs_sinew", "the failure-free Sinew run")):
             if r.get(key) is not None:
                 ok = abs(r[key]) <= args.bar
@@ -272,7 +278,8 @@ def main():
                     problems.append(f"{name}: {r[key]:+.2f} points vs {ref}")
 
     report = {"ranks": args.ranks, "epochs": args.epochs, "batch_per_rank": batch, "train_size": train_size,
-              "test_size": test_size, "steps": total_steps, "seed": args.seed, "bar_points": args.bar,
+              "test_size": test_size, "steps": total_steps, "seed": args.seed,
+              "script_seed": args.script_seed, "bar_points": args.bar,
               "omp_num_threads": 1, "diff_stat_vs_original": stats or None, "runs": results,
               "problems": problems}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -61,8 +61,8 @@ class Left(Error):
         self.exit_code = 0
 
 
-from .job import Job, Model, State, init, options_help  # noqa: E402  (after _core and the errors)
+from .job import Job, Model, RandomState, State, init, options_help  # noqa: E402  (after _core and the errors)
 from . import data  # noqa: E402,F401
 
 __all__ = ["CheckpointError", "CommFailure", "DataError", "Error", "Job", "Left", "Model", "RelaunchRequest",
-           "State", "UsageError", "data", "init", "options_help"]
+           "RandomState", "State", "UsageError", "data", "init", "options_help"]

@@ -274,6 +274,26 @@ class Job:
         raise SystemExit(int(code))
 
 
+class RandomState:
+    """The random number generators of this process (torch's CPU one, and Python's and NumPy's global ones), as an
+    object to register: job.register(sinew.RandomState()). Then every rank draws as rank 0 does (dropout masks,
+    augmentations: as with the same seed everywhere under DDP), a replacement draws on from the group's state, and
+    a redone step after a failure draws what the lost one drew: the run is the failure-free one, bit for bit
+    where that one is deterministic."""
+
+    def state_dict(self):
+        import random
+        import numpy
+        return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy.random.get_state()}
+
+    def load_state_dict(self, state):
+        import random
+        import numpy
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        numpy.random.set_state(state["numpy"])
+
+
 def init(**options):
     """Starts Sinew in this process (MPI, the elastic group) and returns the Job. Options are keywords, as
     sinew-train's long options with '_' for '-': sinew.init(algorithm="bytegrad", spares=1,

@@ -113,6 +113,7 @@ class Loop:
         self.plan_skip = 0               # steps the restarted plan skips (begun on a batch in hand)
         self.replan = False              # the group changed at the boundary: restart the loaders
         self.planning = False            # a loader's first pull is settling (its iterator is being made)
+        self.rewind_at_forward = False   # a replacement: the group's state again at its first step
         self.iters = weakref.WeakSet()   # DataLoader iterators that draw from the sampler
         self.loaders = weakref.WeakSet()
         self.dropped = 0           # iterations dropped: stale batches after a change of the group
@@ -242,6 +243,9 @@ class Loop:
                 break
             except CommFailure:
                 self._recover(sync=False)
+        # A replacement runs the script's code up to its first step (making its loader draws a seed): the group's
+        # state is put back there, where the others' is.
+        self.rewind_at_forward = self.core.joined
 
     # ---- the state beside the flat buffers -----------------------------------------------------------------
     def _take_snapshot(self):
@@ -409,6 +413,14 @@ class Loop:
             self.dropped += 1
             self._reset_loaders()
             return
+        if self.restore_pending or self.rewind_at_forward:  # (settle() had settled before: a dropped batch; a
+            self.model._work.restore_buffers()             # replacement's first step)
+            self._apply(self.snap)
+            self.restore_pending = self.rewind_at_forward = False
+        # The state a failure in this step goes back to, and a replacement starts from: as it is now, after the
+        # script's code between the steps and the loader's draws at an epoch's start (settle() took the one the
+        # boundary's checkpoint holds).
+        self._take_snapshot()
         if self._guarded(self.core.begin) is None:
             return
         self.settled = False

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import sinew
 
 TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
-         "frozen", "clip", "no-optimizer", "break", "plain", "own-order")
+         "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng")
 
 
 def build(name, channels, height, width, classes):
@@ -72,6 +72,12 @@ def main():
         with torch.no_grad():
             net[0].bias.fill_(float(job.rank) + 0.5)
             net[1].num_batches_tracked.fill_(100 * job.rank)
+    if args.trap == "rng":
+        # Dropout drawn from torch's generator, seeded differently on every rank: registered, the generators are
+        # rank 0's everywhere and stay equal (a replacement's too).
+        net = nn.Sequential(nn.Dropout(0.2), *net)
+        torch.manual_seed(1000 + job.rank)
+        job.register(sinew.RandomState())
     if args.trap == "plain":  # one process: the same steps as plain PyTorch, bit for bit
         import copy
         plain = copy.deepcopy(net)
@@ -143,6 +149,12 @@ def main():
                 plain_sched.step()
 
     loop = job._loop
+    if args.trap == "rng":
+        draw = torch.rand(1).item()  # the next number of each rank's generator
+        lo, hi = job.all_reduce([-draw, draw], op="max")
+        print(f"[own_loop] rank {job.rank}: next random number {draw:.6f}; equal on every rank: {-lo == hi}", flush=True)
+        if -lo != hi:
+            return 1
     if args.trap == "frozen":
         # Every rank holds rank 0's frozen bias and integer buffer (0.5 and its count): min == max.
         lo = job.all_reduce([-net[0].bias.sum().item(), -float(net[1].num_batches_tracked)], op="max")

@@ -465,6 +465,11 @@ PY
     grep -q "first indices \[0, 1, 2, 3\]" "$d/out.txt" || fail "own order: the data set's order was not kept"
     audit >/dev/null || fail "own order: audit"
     echo "ok: the script's own indexing in the data set's order, a kill, the audit exact"
+    # Random number generators registered (sinew.RandomState): rank 0's everywhere, a replacement's too (2 ranks:
+    # equal batches in every step, so that dropout draws as many numbers on each).
+    loop 2 180 --trap rng --epochs 1 -- "${lcommon[@]}" --inject-fault 1:backward:6 || fail "rng: exit $?"
+    [ "$(grep -o "equal on every rank: True" "$d/out.txt" | wc -l)" -eq 2 ] || fail "the generators differ"
+    echo "ok: registered random number generators are equal on every rank after a kill"
     ;;
   *)
     echo "unknown scenario $scenario"
