@@ -78,10 +78,19 @@ class Job:
     `defaults`: {"--epochs": 3, ...}, each used unless given otherwise.
     """
 
-    def __init__(self, options=None, defaults=None, **kwargs):
+    def __init__(self, options=None, defaults=None, _from_init=False, **kwargs):
         global _job
         if _job is not None:
             raise _usage("a second sinew job in this process: call sinew.init() once")
+        if options is None and not _from_init and not kwargs:
+            # sinew.Job() read sys.argv before: a script that relied on it would now train with defaults
+            # without a word. Loud instead.
+            theirs = [a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--")]
+            known = [a for a in theirs if f"  {a} " in options_help()]
+            if known:
+                raise _usage(f"sinew.Job() does not read the command line ({', '.join(known)} are on it): give "
+                             "sinew.Job(options) the list of Sinew's options, or use sinew.init(**keywords) and the "
+                             "launcher's options")
         merged = _merged_options(options, kwargs)
         for key, value in (defaults or {}).items():
             merged.setdefault(key, [key, str(value)])
@@ -300,7 +309,7 @@ def init(**options):
     checkpoint_dir="ckpt", checkpoint_every=200, audit_dir="audit"); the launcher's (sinew-run --spares 1 --
     python3 train.py) come through the environment. Unknown keywords and bad values raise sinew.UsageError
     naming them. The script's own command line is never read."""
-    return Job(**options)
+    return Job(_from_init=True, **options)
 
 
 class Model(torch.nn.Module):
