@@ -39,7 +39,10 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
     real_step = opt.step  # (an lr_scheduler may have wrapped it: its bookkeeping stays)
     # The state is created by a step with zero gradients, learning rate 0 and no weight decay: no parameter
     # moves, and the state holds what it holds before a first step (zeros; Adagrad's initial accumulator),
-    # so that the first real step is plain PyTorch's, bit for bit.
+    # so that the first real step is plain PyTorch's, bit for bit. Where the optimizer's kind allows, that state
+    # is made in flat tensors first (learned on a two-element twin), so that the step updates them in place
+    # instead of allocating a copy of the parameters per key.
+    flats = _flat_state(opt, flat, named_params, offset)
     kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in opt.param_groups]
     for g in opt.param_groups:
         g.update({k: 0.0 for k in ("lr", "weight_decay") if k in g})
@@ -53,6 +56,10 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
                 keys.append(k)
     state = []
     for k in keys:
+        buf = flats.get(k)
+        if buf is not None:  # the optimizer's state is already views of it
+            state.append((k, buf))
+            continue
         buf = torch.zeros_like(flat)
         for n, p in named_params:
             st = opt.state.get(p, {})
@@ -132,6 +139,44 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
 
     set_steps(0)  # the initialising step above did not happen
     work.use_optimizer(type(opt).__name__, state, step, steps, set_steps, relayout)
+
+
+def _flat_state(opt, flat, named_params, offset):
+    """The per-parameter state `opt` would create, made beforehand as views of one flat tensor per key: {key: flat}.
+
+    A twin of the optimizer's kind over a two-element parameter shows the keys, which of them are parameter-shaped,
+    and their values before a first step (each must be one constant); other state (a scalar "step") is the twin's,
+    per parameter. Nothing ({}) when the twin cannot be made or shows something else: then the state is created
+    by the optimizer itself and moved (which costs a copy of the parameters per key at that moment).
+    """
+    if any(opt.state.get(p) for _, p in named_params):
+        return {}  # state exists already (Adagrad makes it in __init__, or a loaded state_dict): moved as it is
+    try:
+        probe = torch.nn.Parameter(torch.zeros(2, dtype=flat.dtype, device=flat.device))
+        probe.grad = torch.zeros_like(probe)
+        settings = {k: v for k, v in opt.defaults.items() if k not in ("differentiable", "fused", "capturable")}
+        settings.update({k: 0.0 for k in ("lr", "weight_decay") if k in settings})
+        twin = type(opt)([probe], **settings)
+        twin.step()
+        made = twin.state[probe]
+    except Exception:  # noqa: BLE001 (any optimizer: the general way below then)
+        return {}
+    shaped, other = {}, {}
+    for k, v in made.items():
+        if torch.is_tensor(v) and v.shape == probe.shape and v.dtype == flat.dtype:
+            if not bool((v == v.reshape(-1)[0]).all()):
+                return {}
+            shaped[k] = v.reshape(-1)[0].item()
+        else:
+            other[k] = v
+    flats = {k: torch.full_like(flat, value) for k, value in shaped.items()}
+    for _, p in named_params:
+        st = opt.state[p]
+        for k, buf in flats.items():
+            st[k] = buf[offset[id(p)]:offset[id(p)] + p.numel()].view_as(p)
+        for k, v in other.items():
+            st[k] = v.clone() if torch.is_tensor(v) else v
+    return flats
 
 
 def zero_views(work, named_params):
