@@ -343,13 +343,13 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
                 static_cast<long long>(s.steps));
     std::printf("%-8s %6s %6s %12s %12s %14s\n", "impl", "ranks", "batch", "step_ms", "comm_ms", "samples/s");
     std::printf("%-8s %6d %6zu %12.3f %12.3f %14.0f\n", c.device == "cuda" ? "sinew-gpu" : "sinew",
-                world.size(), c.batch_size, s.mean_step_ms, s.mean_comm_ms, s.samples_per_s);
+                world.size(), c.batch_size, s.step_ms, s.comm_ms, s.samples_per_s);
     if (!c.checkpoint_dir.empty()) {
       const double ckpt = s.checkpoint_ms / static_cast<double>(s.steps);
       std::printf(
           "# checkpoint every %lld steps (%s): %.3f ms per step on the training thread, %.2f%% of the step\n",
           static_cast<long long>(c.checkpoint_every), c.checkpoint_async ? "async" : "sync", ckpt,
-          100.0 * ckpt / s.mean_step_ms);
+          100.0 * ckpt / s.step_ms);
     }
     if (!json.empty()) {
       std::ofstream(json) << nlohmann::json{{"impl", "sinew"},
@@ -357,8 +357,8 @@ int bench_train_step(const std::vector<std::string>& args, const mpi::Communicat
                                             {"model", c.model},
                                             {"ranks", world.size()},
                                             {"batch", c.batch_size},
-                                            {"step_ms", s.mean_step_ms},
-                                            {"comm_ms", s.mean_comm_ms},
+                                            {"step_ms", s.step_ms},
+                                            {"comm_ms", s.comm_ms},
                                             {"samples_per_s", s.samples_per_s},
                                             {"checkpoint_ms_per_step",
                                              s.checkpoint_ms / static_cast<double>(s.steps)},

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -32,26 +33,13 @@ std::vector<pytorch::NamedTensor> named(const std::vector<std::pair<std::string,
   return out;
 }
 
+/// The run's summary as the metrics' done event has it, with `left` and `exit_code`.
 py::dict summary_dict(const train::Summary& s) {
-  py::dict d;
-  d["test_accuracy"] = s.test_accuracy;
-  d["test_loss"] = s.test_loss;
-  d["final_train_loss"] = s.final_train_loss;
-  d["steps"] = s.steps;
-  d["epochs"] = s.epochs;
-  d["samples"] = s.samples;
-  d["wall_s"] = s.wall_s;
-  d["mean_step_ms"] = s.mean_step_ms;
-  d["mean_comm_ms"] = s.mean_comm_ms;
-  d["samples_per_s"] = s.samples_per_s;
-  d["failures"] = s.failures;
-  d["world_size"] = s.world_size;
-  d["left"] = s.left;
-  d["below_min_ranks"] = s.below_min_ranks;
-  d["stopped_by_signal"] = s.stopped_by_signal;
-  d["checkpoint_error"] = s.checkpoint_error;
-  d["exit_code"] = s.exit_code();
-  return d;
+  nlohmann::json j = train::to_json(s);
+  j.erase("event");
+  j["left"] = s.left;
+  j["exit_code"] = s.exit_code();
+  return py::module_::import("json").attr("loads")(j.dump());
 }
 
 /// The samples as an N x C x H x W float32 tensor.

@@ -37,7 +37,24 @@ BucketLayout::BucketLayout(const std::vector<Slice>& ready_order, std::size_t n,
                 who, covered, n);
   }
   std::sort(bucket_of_offset_.begin(), bucket_of_offset_.end());
+  ready_.assign(buckets_.size(), 0);
 }
+
+BucketLayout::Arrival BucketLayout::arrive(std::size_t offset) {
+  const std::size_t b = bucket_of(offset);
+  SINEW_ENFORCE(ready_[b] < buckets_[b].ranges_total, "{}: range at offset {} arrived twice in one step",
+                who_, offset);
+  return {b, ++ready_[b] == buckets_[b].ranges_total};
+}
+
+std::vector<Slice> BucketLayout::ranges() const {
+  std::vector<Slice> out;
+  out.reserve(buckets_.size());
+  for (const auto& b : buckets_) out.push_back(b.range);
+  return out;
+}
+
+void BucketLayout::rearm() { std::fill(ready_.begin(), ready_.end(), 0); }
 
 std::size_t BucketLayout::bucket_of(std::size_t offset) const {
   const auto it = std::lower_bound(bucket_of_offset_.begin(), bucket_of_offset_.end(),
@@ -54,7 +71,6 @@ GradientBucketer::GradientBucketer(Backend& backend, std::span<float> grads,
       grads_(grads),
       opts_(std::move(opts)),
       layout_(ready_order, grads.size(), opts_.bucket_bytes, "bucketer") {
-  for (const auto& b : layout_.buckets()) buckets_.push_back({b.range, b.ranges_total, 0});
   if (opts_.overlap) thread_ = std::thread([this] { run(); });
 }
 
@@ -75,28 +91,19 @@ GradientBucketer::~GradientBucketer() {
   }
 }
 
-std::vector<Slice> GradientBucketer::buckets() const {
-  std::vector<Slice> out;
-  out.reserve(buckets_.size());
-  for (const auto& b : buckets_) out.push_back(b.range);
-  return out;
-}
-
-void GradientBucketer::mark_ready(Slice r) {
-  const std::size_t bucket = layout_.bucket_of(r.offset);
+void GradientBucketer::mark_ready(Slice r, CUevent_st* ready) {
+  SINEW_ENFORCE(ready == nullptr, "a device gradient range was reported to the host bucketer");
   bool notify = false;
   {
     std::lock_guard lock(mu_);
-    Bucket& b = buckets_[bucket];
-    SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
-    notify = ++b.ranges_ready == b.ranges_total;
+    notify = layout_.arrive(r.offset).complete;
     if (notify) pending_.fetch_add(1, std::memory_order_release);
   }
   if (notify && opts_.overlap) cv_.notify_all();
 }
 
 void GradientBucketer::reduce(std::size_t b, bool blocking) {
-  const Slice r = buckets_[b].range;
+  const Slice r = layout_.buckets()[b].range;
   const auto start = Clock::now();
   const Buffer buf = Buffer::of(grads_.subspan(r.offset, r.count));
   if (opts_.reduce) {
@@ -109,7 +116,7 @@ void GradientBucketer::reduce(std::size_t b, bool blocking) {
   const double ms = seconds_since(start) * 1e3;
   std::lock_guard lock(mu_);
   comm_ms_ += ms;
-  if (++reduced_ == buckets_.size()) reduced_all_.store(true, std::memory_order_release);
+  if (++reduced_ == num_buckets()) reduced_all_.store(true, std::memory_order_release);
 }
 
 void GradientBucketer::run() {
@@ -124,8 +131,7 @@ void GradientBucketer::run() {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_ || (error_ == nullptr && reduced_ < buckets_.size() &&
-                         buckets_[reduced_].ranges_ready == buckets_[reduced_].ranges_total);
+        return stop_ || (error_ == nullptr && reduced_ < num_buckets() && layout_.complete(reduced_));
       });
       if (stop_) return;
       b = reduced_;
@@ -149,9 +155,8 @@ void GradientBucketer::run() {
 void GradientBucketer::finish() {
   const auto start = Clock::now();
   if (!opts_.overlap) {
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      SINEW_ENFORCE(buckets_[b].ranges_ready == buckets_[b].ranges_total,
-                    "bucket {} not complete at finish()", b);
+    for (std::size_t b = 0; b < num_buckets(); ++b) {
+      SINEW_ENFORCE(layout_.complete(b), "bucket {} not complete at finish()", b);
       reduce(b, /*blocking=*/false);
     }
   } else {
@@ -162,21 +167,21 @@ void GradientBucketer::finish() {
       std::this_thread::yield();
     std::unique_lock lock(mu_);
     if (!cv_.wait_for(lock, opts_.op.timeout,
-                      [&] { return error_ != nullptr || reduced_ == buckets_.size(); })) {
+                      [&] { return error_ != nullptr || reduced_ == num_buckets(); })) {
       const std::size_t done = reduced_;
       lock.unlock();
       backend_.abort();  // with ULFM the blocked allreduce now returns, here and at the peers
       SINEW_THROW(Timeout,
                   "gradient allreduce did not complete within {} ms ({} of {} buckets done); a peer is dead, "
                   "stopped or far behind",
-                  opts_.op.timeout.count(), done, buckets_.size());
+                  opts_.op.timeout.count(), done, num_buckets());
     }
     if (error_) {
       auto e = std::exchange(error_, nullptr);
       reduced_ = 0;
       reduced_all_.store(false, std::memory_order_relaxed);
       pending_.store(0, std::memory_order_relaxed);
-      for (auto& bk : buckets_) bk.ranges_ready = 0;
+      layout_.rearm();
       lock.unlock();
       std::rethrow_exception(e);
     }
@@ -188,7 +193,7 @@ void GradientBucketer::finish() {
   reduced_ = 0;
   reduced_all_.store(false, std::memory_order_relaxed);
   pending_.store(0, std::memory_order_relaxed);
-  for (auto& b : buckets_) b.ranges_ready = 0;
+  layout_.rearm();
 }
 
 }  // namespace sinew::comm

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -31,6 +32,8 @@
 
 #include "sinew/comm/backend.hpp"
 #include "sinew/core/flat.hpp"
+
+struct CUevent_st;  // cudaEvent_t
 
 namespace sinew::comm {
 
@@ -48,13 +51,60 @@ class BucketLayout {
   BucketLayout(const std::vector<Slice>& ready_order, std::size_t n, std::size_t bucket_bytes,
                const char* who);
   [[nodiscard]] const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+  /// The buckets' ranges, in bucket order.
+  [[nodiscard]] std::vector<Slice> ranges() const;
   /// The bucket of the range that starts at `offset`; throws InvalidArgument for an offset that starts none.
   [[nodiscard]] std::size_t bucket_of(std::size_t offset) const;
+
+  /// The step's arrivals: the range that starts at `offset` is final. Returns its bucket and whether that
+  /// bucket is complete now. Each range arrives once per step: the session's reducer (train/reducer.hpp)
+  /// checks what callers report, so a second arrival here is a broken invariant (InternalError).
+  struct Arrival {
+    std::size_t bucket = 0;
+    bool complete = false;
+  };
+  Arrival arrive(std::size_t offset);
+  [[nodiscard]] bool complete(std::size_t bucket) const {
+    return ready_[bucket] == buckets_[bucket].ranges_total;
+  }
+  /// A new step: no range has arrived.
+  void rearm();
 
  private:
   const char* who_;
   std::vector<Bucket> buckets_;
+  std::vector<std::size_t> ready_;                                     // ranges arrived this step, per bucket
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of_offset_;  // (range offset, bucket), sorted
+};
+
+/// What reduces a step's gradients bucket by bucket as they become final: the host bucketer below or, for
+/// gradients in device memory, comm/nccl/'s DeviceBucketer. The session's fabric holds one of them and
+/// its reducer drives it.
+class Bucketer {
+ public:
+  Bucketer() = default;
+  Bucketer(const Bucketer&) = delete;
+  Bucketer& operator=(const Bucketer&) = delete;
+  Bucketer(Bucketer&&) = delete;
+  Bucketer& operator=(Bucketer&&) = delete;
+  virtual ~Bucketer() = default;
+
+  /// The gradients of `r` (one entry of the ready order) are final: now (`ready` null) or, on a device,
+  /// once `ready` (an event on the compute stream) completes. Each range once per step.
+  virtual void mark_ready(Slice r, CUevent_st* ready) = 0;
+  void mark_ready(Slice r) { mark_ready(r, nullptr); }
+  /// Blocks until every bucket of this step is reduced, then re-arms for the next step. Throws
+  /// CommFailure/Timeout.
+  virtual void finish() = 0;
+  [[nodiscard]] virtual std::size_t num_buckets() const noexcept = 0;
+  [[nodiscard]] virtual std::vector<Slice> buckets() const = 0;
+  /// Milliseconds of the last step's communication.
+  [[nodiscard]] virtual double last_comm_ms() const noexcept = 0;
+  /// Milliseconds finish() blocked in the last step: communication not hidden behind backward.
+  [[nodiscard]] virtual double last_exposed_ms() const noexcept = 0;
+  /// Bytes this rank sent for its own reductions since the last call, where the bucketer's reduction is
+  /// not the algorithm's (ByteGrad over NCCL); 0 otherwise.
+  virtual std::uint64_t take_bytes_sent() { return 0; }
 };
 
 struct BucketOptions {
@@ -67,7 +117,7 @@ struct BucketOptions {
   std::function<void(std::span<float>, std::size_t)> reduce;
 };
 
-class GradientBucketer {
+class GradientBucketer final : public Bucketer {
  public:
   /// `ready_order`: the ranges in the order backward reports them; together they must cover `grads`
   /// exactly once, and consecutive ranges must be adjacent (each bucket is then contiguous).
@@ -77,36 +127,30 @@ class GradientBucketer {
   GradientBucketer& operator=(const GradientBucketer&) = delete;
   /// Stops the communication thread (after the bucket in flight, if any; a thread still blocked in a
   /// collective after an abort without ULFM is left behind: the process is about to exit anyway).
-  ~GradientBucketer();
+  ~GradientBucketer() override;
 
-  /// Reported by backward: the gradients of `r` (one entry of ready_order) are final.
-  void mark_ready(Slice r);
-  /// Blocks until every bucket of this step is reduced, then re-arms for the next step. Rethrows a
-  /// failure of the communication thread (CommFailure, Timeout). Without overlap the buckets are reduced
-  /// here, on the calling thread.
-  void finish();
+  using Bucketer::mark_ready;
+  /// Reported by backward: the gradients of `r` (one entry of ready_order) are final. Host memory only:
+  /// `ready` must be null.
+  void mark_ready(Slice r, CUevent_st* ready) override;
+  /// Rethrows a failure of the communication thread (CommFailure, Timeout). Without overlap the buckets
+  /// are reduced here, on the calling thread.
+  void finish() override;
 
-  [[nodiscard]] std::size_t num_buckets() const noexcept { return buckets_.size(); }
-  [[nodiscard]] std::vector<Slice> buckets() const;
+  [[nodiscard]] std::size_t num_buckets() const noexcept override { return layout_.buckets().size(); }
+  [[nodiscard]] std::vector<Slice> buckets() const override { return layout_.ranges(); }
   /// Milliseconds the last step's allreduces took on the communication thread (sum over buckets).
-  [[nodiscard]] double last_comm_ms() const noexcept { return last_comm_ms_; }
-  /// Milliseconds finish() blocked in the last step: communication not hidden behind backward.
-  [[nodiscard]] double last_exposed_ms() const noexcept { return last_exposed_ms_; }
+  [[nodiscard]] double last_comm_ms() const noexcept override { return last_comm_ms_; }
+  [[nodiscard]] double last_exposed_ms() const noexcept override { return last_exposed_ms_; }
 
  private:
-  struct Bucket {
-    Slice range;
-    std::size_t ranges_total = 0;
-    std::size_t ranges_ready = 0;
-  };
   void run();                                 // communication thread
   void reduce(std::size_t b, bool blocking);  // one bucket, on the calling thread
 
   Backend& backend_;
   std::span<float> grads_;
   BucketOptions opts_;
-  BucketLayout layout_;
-  std::vector<Bucket> buckets_;
+  BucketLayout layout_;  // and the step's arrivals, guarded by mu_
 
   std::mutex mu_;
   std::condition_variable cv_;

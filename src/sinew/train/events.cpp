@@ -163,36 +163,6 @@ json to_json(const AlgorithmEvent& e) {
   return j;
 }
 
-json to_json(const DoneEvent& e) {
-  json j = {{"event", "done"},
-            {"test_accuracy", e.test_accuracy},
-            {"test_loss", e.test_loss},
-            {"train_loss", e.train_loss},
-            {"steps", e.steps},
-            {"epochs", e.epochs},
-            {"samples", e.samples},
-            {"world_size", e.world_size},
-            {"failures", e.failures},
-            {"wall_s", e.wall_s},
-            {"step_ms", e.step_ms},
-            {"comm_ms", e.comm_ms},
-            {"samples_per_s", e.samples_per_s},
-            {"train_s", e.train_s},
-            {"algorithm", e.algorithm},
-            {"bytes_sent_per_step", e.bytes_sent_per_step},
-            {"stopped_by_signal", e.stopped_by_signal},
-            {"below_min_ranks", e.below_min_ranks},
-            {"checkpoint_error", e.checkpoint_error}};
-  if (!e.teacher.empty()) {
-    j["teacher"] = e.teacher;
-    j["distill_wait_ms_per_step"] = e.distill_wait_ms_per_step;
-    j["distill_missing"] = e.distill_missing;
-    j["distill_failed_requests"] = e.distill_failed_requests;
-    j["distill_failovers"] = e.distill_failovers;
-  }
-  return j;
-}
-
 Events::Events(std::string path, bool open_now, bool append) : path_(std::move(path)) {
   if (open_now && !path_.empty()) writer_ = MetricsWriter(path_, append);
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sinew/train/metrics.hpp"
+#include "sinew/train/summary.hpp"
 
 namespace sinew::train {
 
@@ -131,25 +132,6 @@ struct AlgorithmEvent {
   std::int64_t step = 0;
 };
 
-/// Last line of a run.
-struct DoneEvent {
-  double test_accuracy = 0, test_loss = 0, train_loss = 0;
-  std::int64_t steps = 0;
-  int epochs = 0;
-  std::int64_t samples = 0;
-  int world_size = 0, failures = 0;
-  double wall_s = 0, step_ms = 0, comm_ms = 0, samples_per_s = 0, train_s = 0;
-  std::string algorithm;
-  double bytes_sent_per_step = 0;
-  int stopped_by_signal = 0;
-  bool below_min_ranks = false;
-  std::string checkpoint_error;
-  // Distillation only (written when `teacher` is set): rank 0's totals.
-  std::string teacher;  ///< the logit source, as described in the log
-  double distill_wait_ms_per_step = 0;
-  std::int64_t distill_missing = 0, distill_failed_requests = 0, distill_failovers = 0;
-};
-
 nlohmann::json to_json(const StartEvent& e);
 nlohmann::json to_json(const StepEvent& e);
 nlohmann::json to_json(const EvalEvent& e);
@@ -161,7 +143,6 @@ nlohmann::json to_json(const ShrinkEvent& e);
 nlohmann::json to_json(const GrowEvent& e);
 nlohmann::json to_json(const RescaleEvent& e);
 nlohmann::json to_json(const AlgorithmEvent& e);
-nlohmann::json to_json(const DoneEvent& e);
 
 /// Where events go: the metrics file, held by rank 0 of the current view.
 class Events {

@@ -8,31 +8,13 @@
 
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/comm/mpi/backend.hpp"
-#include "sinew/config.hpp"
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/membership/group.hpp"
+#include "sinew/train/gpu_fabric.hpp"
 #include "sinew/workload/workload.hpp"
-#if SINEW_HAVE_CUDA
-#include "sinew/comm/nccl/api.hpp"
-#include "sinew/comm/nccl/backend.hpp"
-#include "sinew/comm/nccl/bucketer.hpp"
-#include "sinew/comm/nccl/bytegrad.hpp"
-#endif
 
 namespace sinew::train {
-
-#if SINEW_HAVE_CUDA
-struct Fabric::Gpu {
-  // In order of creation; destroyed in reverse.
-  std::unique_ptr<comm::nccl::NcclBackend> nccl;
-  std::unique_ptr<comm::nccl::ByteGrad> bytegrad;  // --algorithm bytegrad
-  std::unique_ptr<comm::nccl::DeviceBucketer> bucketer;
-  std::uint64_t bytegrad_sent = 0;  // bytegrad's count at the last take_bytes_sent()
-};
-#else
-struct Fabric::Gpu {};
-#endif
 
 namespace {
 
@@ -83,14 +65,8 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
   connect_peers(*backend_, s.op);
   float* device_grads = nullptr;
   if (s.attach_device) {
-#if SINEW_HAVE_CUDA
     device_grads = s.attach_device(*backend_);
-    gpu_ = std::make_unique<Gpu>();
-    auto& api = s.nccl_api != nullptr ? *s.nccl_api : comm::nccl::real_api();
-    gpu_->nccl = std::make_unique<comm::nccl::NcclBackend>(*backend_, api, s.op);
-#else
-    SINEW_THROW(InvalidArgument, "--device cuda: this build of Sinew has no GPU support; use --device cpu");
-#endif
+    gpu_ = make_gpu_fabric(*backend_, s.nccl_api, s.op);
   }
   if (!s.checkpoint_dir.empty()) {
     checkpoint::WriterOptions wo;
@@ -105,33 +81,13 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
   const std::vector<Slice> ready_order = work.ready_order();
   algorithm_ = algo::make_algorithm(s.algorithm, {*backend_, work, s.op, s.compute_ms, s.algorithm_event});
   const auto bucket_bytes = static_cast<std::size_t>(s.bucket_mb * (1 << 20));
-#if SINEW_HAVE_CUDA
   if (gpu_) {
     // On the GPU the algorithm object stays the run's (its name, its step through the workload's
-    // optimiser); the buckets are reduced as it declares: NCCL's allreduce, or ByteGrad's compressed
-    // exchange over NCCL.
-    comm::nccl::DeviceBucketOptions dbo;
-    dbo.bucket_bytes = bucket_bytes;
-    dbo.op = s.op;
-    switch (algorithm_->device_reduction()) {
-      case algo::DeviceReduction::kNone:
-        SINEW_THROW(InvalidArgument, "--algorithm {} runs on the CPU only (gradients in host memory)",
-                    algorithm_->name());
-      case algo::DeviceReduction::kAllreduce:
-        break;
-      case algo::DeviceReduction::kByteGrad:
-        gpu_->bytegrad = std::make_unique<comm::nccl::ByteGrad>(*gpu_->nccl, grads.size(), s.algorithm.chunk);
-        dbo.reduce = [bg = gpu_->bytegrad.get(), op = s.op](float* data, std::size_t count, std::size_t) {
-          return bg->reduce(data, count, op);
-        };
-        break;
-    }
-    gpu_->bucketer = std::make_unique<comm::nccl::DeviceBucketer>(*gpu_->nccl, device_grads, grads.size(),
-                                                                  ready_order, std::move(dbo));
+    // optimiser); the buckets are reduced as it declares.
+    bucketer_ = gpu_->bucketer(*algorithm_, device_grads, grads.size(), ready_order, bucket_bytes, s.op,
+                               s.algorithm.chunk);
     return;
   }
-#endif
-  (void)device_grads;
   comm::BucketOptions bo;
   bo.bucket_bytes = bucket_bytes;
   bo.overlap = s.overlap;
@@ -149,77 +105,15 @@ Fabric::~Fabric() = default;
 comm::Backend& Fabric::backend() noexcept { return *backend_; }
 
 double Fabric::abort() noexcept {
-  double ms = 0;
-#if SINEW_HAVE_CUDA
-  if (gpu_) {
-    const auto t = Clock::now();
-    gpu_->nccl->abort();
-    ms = seconds_since(t) * 1e3;
-  }
-#endif
+  const double ms = gpu_ ? gpu_->abort() : 0;
   backend_->abort();
   return ms;
 }
 
-void Fabric::mark_ready(Slice r) { bucketer_->mark_ready(r); }
-
-void Fabric::mark_ready(Slice r, CUevent_st* ready) {
-#if SINEW_HAVE_CUDA
-  gpu_->bucketer->mark_ready(r, ready);
-#else
-  (void)r;
-  (void)ready;
-  SINEW_THROW(InternalError, "a device gradient range was reported in a build without CUDA");
-#endif
-}
-
-void Fabric::finish_reduction() {
-#if SINEW_HAVE_CUDA
-  if (gpu_) {
-    gpu_->bucketer->finish();
-    return;
-  }
-#endif
-  bucketer_->finish();
-}
-
-std::size_t Fabric::num_buckets() const {
-#if SINEW_HAVE_CUDA
-  if (gpu_) return gpu_->bucketer->num_buckets();
-#endif
-  return bucketer_->num_buckets();
-}
-
-double Fabric::last_comm_ms() const {
-#if SINEW_HAVE_CUDA
-  if (gpu_) return gpu_->bucketer->last_comm_ms();
-#endif
-  return bucketer_->last_comm_ms();
-}
-
-double Fabric::last_exposed_ms() const {
-#if SINEW_HAVE_CUDA
-  if (gpu_) return gpu_->bucketer->last_exposed_ms();
-#endif
-  return bucketer_->last_exposed_ms();
-}
-
 std::uint64_t Fabric::take_bytes_sent() {
-  std::uint64_t sent = algorithm_->take_bytes_sent();
-#if SINEW_HAVE_CUDA
-  if (gpu_ && gpu_->bytegrad) {
-    const std::uint64_t now = gpu_->bytegrad->stats().bytes_sent;
-    sent += now - std::exchange(gpu_->bytegrad_sent, now);
-  }
-#endif
-  return sent;
+  return algorithm_->take_bytes_sent() + bucketer_->take_bytes_sent();
 }
 
-double Fabric::nccl_init_ms() const {
-#if SINEW_HAVE_CUDA
-  if (gpu_) return gpu_->nccl->init_ms();
-#endif
-  return 0;
-}
+double Fabric::nccl_init_ms() const { return gpu_ ? gpu_->init_ms() : 0; }
 
 }  // namespace sinew::train

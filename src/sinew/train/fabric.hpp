@@ -3,9 +3,9 @@
 // It owns, in order of creation, the MPI backend (a duplicate of the view's communicator), with
 // --device cuda the NCCL backend (bootstrapped through the MPI backend: rank 0's unique id is broadcast
 // over it), the checkpoint writer (MPI backend), the communication algorithm (MPI backend) and the
-// gradient bucketer (the CPU one with its communication thread over the MPI backend, or with
-// --device cuda the DeviceBucketer over NCCL). Members are declared in that order, so they are destroyed
-// in reverse: the bucketer stops before the algorithm and the backends it uses go.
+// gradient bucketer (comm::Bucketer: the host one with its communication thread over the MPI backend, or
+// with --device cuda the device one over NCCL, from gpu_fabric.hpp). Members are declared in that order, so
+// they are destroyed in reverse: the bucketer stops before the algorithm and the backends it uses go.
 //
 //   abort()      after a failure or a missed deadline: aborts the NCCL communicator first (a rank blocked
 //                on the GPU returns; NCCL must not outlive the MPI view it was built from), then makes
@@ -29,8 +29,6 @@
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/core/fault.hpp"
 
-struct CUevent_st;  // cudaEvent_t
-
 namespace sinew::checkpoint {
 class Writer;
 }
@@ -48,6 +46,8 @@ class Workload;
 }
 
 namespace sinew::train {
+
+class GpuFabric;
 
 /// What every view's fabric is built with (the same for all views of a run).
 struct FabricSetup {
@@ -88,18 +88,10 @@ class Fabric {
   [[nodiscard]] comm::Backend& backend() noexcept;
   [[nodiscard]] algo::Algorithm& algorithm() noexcept { return *algorithm_; }
 
-  // The gradient reduction of a step, on whichever bucketer this view has.
-  /// A range of the gradients is final (CPU).
-  void mark_ready(Slice r);
-  /// A range of the device gradients is final once `ready` completes (--device cuda).
-  void mark_ready(Slice r, CUevent_st* ready);
-  /// Waits until every bucket of the step is reduced; throws CommFailure/Timeout.
-  void finish_reduction();
-  [[nodiscard]] std::size_t num_buckets() const;
-  [[nodiscard]] double last_comm_ms() const;
-  [[nodiscard]] double last_exposed_ms() const;
   /// Bytes this rank sent for the algorithm since the last call (the algorithm's, or ByteGrad's on the GPU).
   [[nodiscard]] std::uint64_t take_bytes_sent();
+  /// The step's gradient reduction (train/reducer.hpp drives it).
+  [[nodiscard]] comm::Bucketer& bucketer() noexcept { return *bucketer_; }
   /// Milliseconds the NCCL communicator took to bootstrap and initialise (0 without one).
   [[nodiscard]] double nccl_init_ms() const;
   /// Null without --checkpoint-dir.
@@ -109,14 +101,11 @@ class Fabric {
 
  private:
   int rank_ = 0, size_ = 1;
-  struct Gpu;  // --device cuda: the NCCL backend and the DeviceBucketer (defined with CUDA only)
   std::unique_ptr<comm::mpi::MpiBackend> backend_;
+  std::unique_ptr<GpuFabric> gpu_;  // --device cuda: the NCCL communicator, bootstrapped over backend_
   std::unique_ptr<checkpoint::Writer> writer_;
   std::unique_ptr<algo::Algorithm> algorithm_;
-  std::unique_ptr<comm::GradientBucketer> bucketer_;
-  // Last, so destroyed first: the DeviceBucketer, then the NCCL communicator, before the MPI backend
-  // that bootstrapped it.
-  std::unique_ptr<Gpu> gpu_;
+  std::unique_ptr<comm::Bucketer> bucketer_;
 };
 
 }  // namespace sinew::train

@@ -18,6 +18,55 @@
 
 namespace sinew::train {
 
+namespace {
+
+/// One line per tensor of the model: its name and shape.
+std::vector<std::string> model_lines(const std::vector<TensorView>& views) {
+  std::vector<std::string> out;
+  out.reserve(views.size());
+  for (const TensorView& v : views) out.push_back(fmt::format("{} [{}]", v.name, fmt::join(v.shape, ", ")));
+  return out;
+}
+
+/// Every first-launch member must train the same model: its tensors' names and shapes are compared with
+/// rank 0's (collective) before the parameters are made rank 0's, which for models of another size would
+/// otherwise fail as a broadcast of the wrong length. Throws InvalidArgument on every rank; the ranks whose
+/// model differs name the first tensor that does.
+void check_same_model(comm::Backend& backend, const comm::Options& op, const workload::Workload& work) {
+  const std::vector<std::string> lines = model_lines(work.views());
+  std::string mine = fmt::format("{}", fmt::join(lines, "\n"));
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(mine.data()), static_cast<uInt>(mine.size()));
+  std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
+  if (cmp[0] == -cmp[1]) return;
+  std::int64_t len[1] = {static_cast<std::int64_t>(mine.size())};
+  backend.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(len)), 0, op);
+  std::string root(static_cast<std::size_t>(len[0]), '\0');
+  if (backend.rank() == 0) root = mine;
+  backend.broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(root))), 0, op);
+  if (root == mine) {
+    SINEW_THROW(InvalidArgument,
+                "the ranks train different models (this rank's is rank 0's; the ranks whose model differs "
+                "name the first tensor that does): build the same model with the same arguments everywhere");
+  }
+  std::vector<std::string> theirs;
+  for (std::size_t a = 0, b; a <= root.size(); a = b + 1) {
+    b = root.find('\n', a);
+    if (b == std::string::npos) b = root.size();
+    theirs.push_back(root.substr(a, b - a));
+  }
+  std::size_t i = 0;
+  while (i < lines.size() && i < theirs.size() && lines[i] == theirs[i]) ++i;
+  SINEW_THROW(InvalidArgument,
+              "this rank's model differs from rank 0's; the first tensor that does: here {}, on rank 0 {}: "
+              "build the same model with the same arguments everywhere",
+              i < lines.size() ? lines[i] : "nothing (fewer tensors)",
+              i < theirs.size() ? theirs[i] : "nothing (fewer tensors)");
+}
+
+}  // namespace
+
 ReplicatedState::ReplicatedState(workload::Workload& work, data::DistributedSampler& sampler,
                                  std::uint64_t seed)
     : work_(work), sampler_(sampler), seed_(seed) {}
@@ -217,6 +266,13 @@ checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Al
   work_.to_device();
   work_.load_extra_state(st.workload_state);
   return info;
+}
+
+void ReplicatedState::take_rank0(comm::Backend& backend, const comm::Options& op) {
+  check_same_model(backend, op, work_);
+  // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
+  backend.broadcast_sync(comm::Buffer::of(work_.params()), 0, op);
+  for (const auto& [name, buf] : work_.buffers()) backend.broadcast_sync(comm::Buffer::of(buf), 0, op);
 }
 
 void ReplicatedState::mark_agreed() {

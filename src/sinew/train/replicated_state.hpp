@@ -26,6 +26,7 @@
 #include "sinew/checkpoint/reader.hpp"
 #include "sinew/checkpoint/state.hpp"
 #include "sinew/comm/backend.hpp"
+#include "sinew/train/position.hpp"
 
 namespace sinew::algo {
 class Algorithm;
@@ -40,32 +41,6 @@ class Workload;
 namespace sinew::train {
 
 class StateMirror;
-
-/// The learning-rate rescaling ramp after a resize (LrRescaler): factor_from -> factor_to over steps.
-struct LrRamp {
-  double factor_from = 1;
-  double factor_to = 1;
-  std::int64_t start = 0;
-  std::int64_t steps = 0;
-};
-
-/// The scalars of the training position. Replicated: the same on every member after synchronise().
-/// Only 8-byte fields, so the struct has no padding and its bytes can be broadcast and checksummed.
-struct Position {
-  std::int64_t step = 0;              ///< optimiser steps completed by the group
-  std::int64_t epoch = 0;             ///< the sampler's epoch
-  std::int64_t cursor = 0;            ///< samples of the epoch consumed by the whole group
-  std::int64_t optimizer_steps = 0;   ///< the optimiser's own count (Adam's bias correction)
-  std::int64_t last_eval_epoch = -1;  ///< the last epoch evaluated on the test set
-  std::int64_t launch_world = 0;      ///< group size at launch (or resume): the lr's reference
-  std::int64_t sched_total = 0;       ///< lr schedule length, in steps of the reference global batch
-  std::int64_t target_override = 0;   ///< > 0 after ranks left on request: do not grow back past it
-  std::int64_t resumed = 0;           ///< 1 if the run started from a checkpoint
-  double base_batch = 0;              ///< the reference global batch
-  LrRamp ramp;
-};
-static_assert(std::is_trivially_copyable_v<Position>);
-static_assert(sizeof(Position) == std::size_t{14} * 8, "Position must stay free of padding");
 
 /// The state of one member: the Position plus the workload's and sampler's own state, which it reads and
 /// writes through references (they stay the owners).
@@ -121,6 +96,10 @@ class ReplicatedState {
   /// every member's batches were trained (the exactly-once audit). Costs a copy of the parameters and
   /// optimiser state per agreement (every 10 steps).
   void mark_agreed();
+  /// A first launch (collective): checks that every member trains rank 0's model (its tensors' names and
+  /// shapes; InvalidArgument naming the first that differs), then makes rank 0's parameters and buffers
+  /// everyone's, as DDP does at construction.
+  void take_rank0(comm::Backend& backend, const comm::Options& op);
 
   /// From now on the state is mirrored into node-local memory, DIR/state-HOST.bin (state_mirror.hpp), by the
   /// processes set as writers (one per node). Not for a workload on a GPU.

@@ -18,7 +18,6 @@
 #include "sinew/core/launch.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
-#include "sinew/distill/distiller.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/train/audit.hpp"
 #include "sinew/train/checkpoints.hpp"
@@ -28,8 +27,10 @@
 #include "sinew/train/events.hpp"
 #include "sinew/train/fabric.hpp"
 #include "sinew/train/layer_options.hpp"
+#include "sinew/train/reducer.hpp"
 #include "sinew/train/replicated_state.hpp"
 #include "sinew/train/rescale.hpp"
+#include "sinew/train/run_metrics.hpp"
 
 namespace sinew::train {
 
@@ -38,78 +39,6 @@ using fault::Point;
 namespace {
 
 double ms_since(Clock::time_point t) { return seconds_since(t) * 1e3; }
-
-/// Running sums of the steps since the last metrics line (the window) and since the start (totals).
-struct StepStats {
-  double loss = 0, step_ms = 0, comm_ms = 0;
-  std::int64_t steps = 0, samples = 0;
-  std::uint64_t bytes_sent = 0;  // by this rank, for the algorithm
-  double total_step_ms = 0, total_comm_ms = 0;
-  std::int64_t total_steps = 0;
-  double distill_wait_ms = 0;        // window: this rank's wait for teacher logits
-  std::int64_t distill_missing = 0;  // window: this rank's samples trained on labels alone
-  Clock::time_point last_progress = Clock::now();
-
-  void reset_window() {
-    loss = step_ms = comm_ms = distill_wait_ms = 0;
-    steps = samples = distill_missing = 0;
-    bytes_sent = 0;
-  }
-};
-
-/// The names of the workload's tensors that overlap `r`, for error messages ("fc2/weight, fc2/bias").
-std::string tensors_in(const std::vector<TensorView>& views, Slice r) {
-  std::string out;
-  for (const auto& v : views) {
-    if (v.offset < r.end() && r.offset < v.offset + v.count()) out += (out.empty() ? "" : ", ") + v.name;
-  }
-  return out.empty() ? fmt::format("[{}, {})", r.offset, r.end()) : out;
-}
-
-/// One line per tensor of the model: its name and shape.
-std::vector<std::string> model_lines(const std::vector<TensorView>& views) {
-  std::vector<std::string> out;
-  out.reserve(views.size());
-  for (const TensorView& v : views) out.push_back(fmt::format("{} [{}]", v.name, fmt::join(v.shape, ", ")));
-  return out;
-}
-
-/// Every first-launch member must train the same model: its tensors' names and shapes are compared with
-/// rank 0's (collective) before the parameters are made rank 0's, which for models of another size would
-/// otherwise fail as a broadcast of the wrong length. Throws InvalidArgument on every rank; the ranks whose
-/// model differs name the first tensor that does.
-void check_same_model(comm::Backend& backend, const comm::Options& op, const workload::Workload& work) {
-  const std::vector<std::string> lines = model_lines(work.views());
-  std::string mine = fmt::format("{}", fmt::join(lines, "\n"));
-  uLong crc = crc32(0L, Z_NULL, 0);
-  crc = crc32(crc, reinterpret_cast<const Bytef*>(mine.data()), static_cast<uInt>(mine.size()));
-  std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
-  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
-  if (cmp[0] == -cmp[1]) return;
-  std::int64_t len[1] = {static_cast<std::int64_t>(mine.size())};
-  backend.broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(len)), 0, op);
-  std::string root(static_cast<std::size_t>(len[0]), '\0');
-  if (backend.rank() == 0) root = mine;
-  backend.broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(root))), 0, op);
-  if (root == mine) {
-    SINEW_THROW(InvalidArgument,
-                "the ranks train different models (this rank's is rank 0's; the ranks whose model differs "
-                "name the first tensor that does): build the same model with the same arguments everywhere");
-  }
-  std::vector<std::string> theirs;
-  for (std::size_t a = 0, b; a <= root.size(); a = b + 1) {
-    b = root.find('\n', a);
-    if (b == std::string::npos) b = root.size();
-    theirs.push_back(root.substr(a, b - a));
-  }
-  std::size_t i = 0;
-  while (i < lines.size() && i < theirs.size() && lines[i] == theirs[i]) ++i;
-  SINEW_THROW(InvalidArgument,
-              "this rank's model differs from rank 0's; the first tensor that does: here {}, on rank 0 {}: "
-              "build the same model with the same arguments everywhere",
-              i < lines.size() ? lines[i] : "nothing (fewer tensors)",
-              i < theirs.size() ? theirs[i] : "nothing (fewer tensors)");
-}
 
 }  // namespace
 
@@ -133,15 +62,8 @@ struct Session::Impl {
   ElasticController elastic;
   CheckpointPolicy checkpoints;
 
-  StepStats stats;
-  Summary sum;
-  /// A recovery is over when the first step after it completes: then its `recovered` event is written.
-  struct PendingRecovery {
-    Clock::time_point detected;
-    RecoveredEvent event;
-  };
-  std::optional<PendingRecovery> pending;
-  Clock::time_point t0 = Clock::now();
+  RunMetrics metrics;
+  Summary& sum;                  // metrics.summary()
   bool ended = false;            // next() says kDone from now on
   After end = After::kContinue;  // how the run ended
   bool final_evaluated = false;  // --max-steps inside an epoch: the last step was evaluated
@@ -150,19 +72,9 @@ struct Session::Impl {
   StepPlan plan;
   Clock::time_point step_start;
   data::DistributedSampler::Batch batch;
-  bool first_ready = true;
-  std::vector<Slice> ranges;                                   // the workload's ready order
-  std::vector<std::pair<std::size_t, std::size_t>> by_offset;  // (offset, index in ranges), sorted
-  std::vector<std::uint8_t> reported;                          // per range, this step
-  bool reduced = false;  // reduce() finished the step's reduction before end_step (the caller's loop)
-  double reduce_ms = 0;  // its communication time
-  std::vector<TensorView> views;  // for messages
+  Reducer reducer;
 
-  // This rank's place in the group, for the teacher service's balancer (read from its threads).
-  std::atomic<int> student_rank{0}, student_size{1};
-  std::unique_ptr<distill::Distiller> distiller;  // --distill-*: the teacher's logits
-  std::vector<float> teacher_logits;              // this micro-batch's teacher logits
-  std::vector<std::uint8_t> has_teacher;
+  TeacherFeed teacher_feed;  // --distill-*
 
   Impl(Config c, membership::Group g, workload::Workload& w, SessionParts p)
       : cfg(std::move(c)),
@@ -182,18 +94,18 @@ struct Session::Impl {
         setup(fabric_setup()),
         elastic(cfg, group, setup, state, lr, control, events, faults),
         checkpoints(cfg, setup.op, state, events, generation),
-        ranges(work.ready_order()),
-        reported(ranges.size(), 0),
-        views(work.views()) {
-    for (std::size_t i = 0; i < ranges.size(); ++i) by_offset.emplace_back(ranges[i].offset, i);
-    std::sort(by_offset.begin(), by_offset.end());
+        metrics(cfg, events),
+        sum(metrics.summary()),
+        // The peers are now inside the gradient reduction.
+        reducer(work, cfg.find_unused_parameters, [this] { faults.at(Point::kAllreduce, plan.step); }),
+        // Before the group's first collective, so that a teacher that cannot be used fails the launch
+        // cleanly.
+        teacher_feed(cfg, parts.distiller, group.launch_rank(), group.rank(), group.size(),
+                     group.rank() == 0 && group.role() == membership::Role::kInitial) {
     if (cfg.algorithm == algo::Kind::kAuto && !parts.compute_ms)
       SINEW_THROW(InvalidArgument,
                   "--algorithm auto needs a measure of a step's computation; this driver "
                   "gives none: choose the algorithm");
-    // Before the group's first collective, so that a teacher that cannot be used fails the launch cleanly.
-    student_rank = group.rank();
-    student_size = group.size();
     if (!cfg.state_mirror.empty()) {
       if (work.on_device()) {
         if (group.rank() == 0)
@@ -212,16 +124,6 @@ struct Session::Impl {
         state.attach_mirror(cfg.state_mirror);
       }
     }
-    if (distilling(cfg)) {
-      if (!parts.distiller)
-        SINEW_THROW(InvalidArgument, "--distill-*: this driver of the training loop does not distil");
-      distiller = parts.distiller(group.launch_rank(), [this] {
-        return std::pair{student_rank.load(), student_size.load()};
-      });
-      if (group.rank() == 0 && group.role() == membership::Role::kInitial)
-        spdlog::info("distilling from {} (alpha {}, T {})", distiller->describe(), cfg.distill_alpha,
-                     cfg.distill_temperature);
-    }
     if (group.spare()) {
       // A hot spare: the data and the model are loaded; it waits in start() until it is promoted.
     } else if (group.role() == membership::Role::kRecovered) {
@@ -239,11 +141,7 @@ struct Session::Impl {
       }
     } else {
       elastic.connect();
-      check_same_model(fabric().backend(), setup.op, work);
-      // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
-      fabric().backend().broadcast_sync(comm::Buffer::of(work.params()), 0, setup.op);
-      for (const auto& [name, buf] : work.buffers())
-        fabric().backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
+      state.take_rank0(fabric().backend(), setup.op);
       work.to_device();
       checkpoints.resume(fabric());
       if (state.mirrored() && cfg.resume == "auto") resume_from_mirror();
@@ -407,31 +305,12 @@ struct Session::Impl {
     return left;
   }
 
-  /// Asks for the teacher logits of this rank's samples in the next --distill-prefetch steps (the sampler's
-  /// order is known; a resize makes some of them someone else's, which costs a request, nothing more).
-  void prefetch_teacher(int rank, int world, std::size_t step_total, std::size_t micro) {
-    if (!distiller || cfg.distill_prefetch == 0) return;
-    const std::size_t remaining = parts.train_size - sampler.cursor();
-    for (int d = 0; d <= cfg.distill_prefetch; ++d) {  // d = 0: this step, first in the queue
-      const std::size_t off = static_cast<std::size_t>(d) * step_total;
-      if (off >= remaining) break;
-      const std::size_t g = std::min(step_total, remaining - off);
-      for (std::size_t j = 0; j < g; j += micro)
-        distiller->prefetch(sampler.peek_range(rank, world, off + j, std::min(micro, g - j)).indices);
-    }
-  }
-
   workload::Teacher teacher(std::span<const std::size_t> indices) {
-    SINEW_ENFORCE(distiller != nullptr, "teacher() without a --distill-* source");
-    const auto got = distiller->take(indices, teacher_logits, has_teacher);
-    stats.distill_wait_ms += got.wait_ms;
-    stats.distill_missing += static_cast<std::int64_t>(got.missing);
-    if (got.missing > 0) {
-      spdlog::warn(
-          "step {}: {} of {} samples trained on their labels alone (no teacher logits after {:.0f} ms: {})",
-          plan.step, got.missing, got.samples, got.wait_ms, got.reason);
-    }
-    return {teacher_logits, has_teacher, cfg.distill_alpha, cfg.distill_temperature};
+    double wait_ms = 0;
+    std::int64_t missing = 0;
+    auto t = teacher_feed.take(indices, plan.step, wait_ms, missing);
+    metrics.teacher_wait(wait_ms, missing);
+    return t;
   }
 
   const StepPlan& begin_step() {
@@ -444,12 +323,8 @@ struct Session::Impl {
     plan.total = std::min(lr.step_batch(world), parts.train_size - sampler.cursor());
     plan.micro_batches = (plan.total + micro - 1) / micro;
     plan.lr = lr.lr(state.position());
-    student_rank = rank;
-    student_size = world;
-    prefetch_teacher(rank, world, plan.total, micro);
-    first_ready = true;
-    reduced = false;
-    std::fill(reported.begin(), reported.end(), 0);
+    teacher_feed.prefetch(sampler, parts.train_size, rank, world, plan.total, micro);
+    reducer.begin(plan.step, f.bucketer());
     f.algorithm().begin_step(plan.step);
     plan.reduces_gradients = f.algorithm().reduces_gradients(plan.step);
     return plan;
@@ -466,87 +341,12 @@ struct Session::Impl {
     return batch.indices;
   }
 
-  /// Marks `r` reported this step; throws InvalidArgument for a range the workload does not list.
-  void track(Slice r) {
-    const auto it = std::lower_bound(by_offset.begin(), by_offset.end(), std::pair{r.offset, std::size_t{0}});
-    if (it == by_offset.end() || it->first != r.offset || ranges[it->second] != r) {
-      SINEW_THROW(InvalidArgument,
-                  "a gradient range [{}, {}) was reported that is not one of the workload's ranges "
-                  "(ready_order())",
-                  r.offset, r.end());
-    }
-    if (reported[it->second] != 0)
-      SINEW_THROW(InvalidArgument, "the gradients of {} were reported twice in step {}", tensors_in(views, r),
-                  plan.step);
-    reported[it->second] = 1;
-  }
-
-  void reduction_started() {
-    if (first_ready) {
-      first_ready = false;
-      faults.at(Point::kAllreduce, plan.step);  // the peers are now inside the gradient allreduce
-    }
-  }
-
-  void grad_ready(Slice r) {
-    if (!plan.reduces_gradients) return;
-    track(r);
-    fabric().mark_ready(r);
-    reduction_started();
-  }
-
   void grad_ready(Slice r, CUevent_st* e) {
-    if (!plan.reduces_gradients) return;
-    track(r);
-    fabric().mark_ready(r, e);
-    reduction_started();
-  }
-
-  /// The ranges never reported in this step: --find-unused-parameters reduces them as zeros (DDP's
-  /// find_unused_parameters), else the step fails naming them.
-  void unreported_ranges() {
-    std::vector<Slice> missing;
-    for (std::size_t i = 0; i < ranges.size(); ++i)
-      if (reported[i] == 0) missing.push_back(ranges[i]);
-    if (missing.empty()) return;
-    if (missing.size() == ranges.size()) {
-      // Not one gradient in the step: no backward() ran (or it ran outside the step). Zeros would train on
-      // nothing and look fine; with --find-unused-parameters too, this is an error.
-      SINEW_THROW(InvalidArgument,
-                  "step {}: no gradient at all was reported: backward() was not called in this step (or "
-                  "its loss does not depend on the model's parameters)",
-                  plan.step);
-    }
-    if (!cfg.find_unused_parameters) {
-      std::string names;
-      for (const Slice& r : missing) names += (names.empty() ? "" : "; ") + tensors_in(views, r);
-      SINEW_THROW(
-          InvalidArgument,
-          "step {}: no gradient was reported for {} ({} of {} gradient ranges): parameters that take "
-          "no part in the loss; give --find-unused-parameters to reduce them as zeros, or remove them "
-          "from the model",
-          plan.step, names, missing.size(), ranges.size());
-    }
-    if (work.on_device()) {
-      SINEW_THROW(InvalidArgument,
-                  "step {}: no gradient was reported for {}; --find-unused-parameters works on gradients in "
-                  "host memory only",
-                  plan.step, tensors_in(views, missing.front()));
-    }
-    for (const Slice& r : missing) {
-      const auto g = r.of(work.grads());
-      std::fill(g.begin(), g.end(), 0.f);
-      fabric().mark_ready(r);
-      reduction_started();
-    }
+    if (plan.reduces_gradients) reducer.ready(r, e);
   }
 
   void reduce() {
-    if (reduced || !plan.reduces_gradients) return;
-    unreported_ranges();
-    fabric().finish_reduction();
-    reduce_ms = fabric().last_comm_ms();
-    reduced = true;
+    if (plan.reduces_gradients) reducer.finish();
   }
 
   std::optional<std::vector<std::size_t>> peek(std::size_t ahead) {
@@ -583,8 +383,8 @@ struct Session::Impl {
     const std::int64_t next = plan.step;
     double comm_ms = 0;
     if (plan.reduces_gradients) {
-      reduce();
-      comm_ms = reduce_ms;
+      reducer.finish();
+      comm_ms = reducer.comm_ms();
     }
     // Without a gradient reduction the algorithm communicates in its step (qadam) or after it: the peers
     // are about to enter that exchange.
@@ -605,71 +405,17 @@ struct Session::Impl {
     // Completed everywhere (a lockstep step includes every rank's gradients): the node's copy of the state.
     if (f.algorithm().lockstep()) state.mirror();
     const double step_ms = ms_since(step_start);
-    if (distiller) distiller->step_done(step_ms);
-    const auto sent = f.take_bytes_sent();
-    stats.bytes_sent += sent;
-    sum.bytes_sent += sent;
-    stats.step_ms += step_ms;
-    stats.comm_ms += comm_ms;
-    stats.total_step_ms += step_ms;
-    stats.total_comm_ms += comm_ms;
-    ++stats.total_steps;
-    stats.loss += local_loss;
-    stats.samples += static_cast<std::int64_t>(plan.total);
-    sum.samples += static_cast<std::int64_t>(plan.total);
-    ++stats.steps;
-    if (pending) {  // the first step after a recovery completed: the recovery is over
-      pending->event.first_step_ms = step_ms;
-      pending->event.total_ms = ms_since(pending->detected);
-      pending->event.step = next;
-      events.emit(pending->event);
-      if (f.rank() == 0)
-        spdlog::info("recovered: first step done {:.1f} ms after the failure was detected",
-                     pending->event.total_ms);
-      pending.reset();
+    teacher_feed.step_done(step_ms);
+    const double recovery_ms = metrics.step_done(
+        {next, static_cast<std::int64_t>(plan.total), step_ms, comm_ms, local_loss, f.take_bytes_sent()});
+    if (recovery_ms >= 0 && f.rank() == 0)
+      spdlog::info("recovered: first step done {:.1f} ms after the failure was detected", recovery_ms);
+    if (metrics.window_due(next, sampler.epoch_done())) {
+      metrics.report(f.backend(), setup.op,
+                     {step(), sampler.epoch(), cfg.epochs, f.size(), f.rank(), plan.lr,
+                      f.bucketer().last_exposed_ms(), steps_remaining()},
+                     teacher_feed.active());
     }
-    const bool epoch_end = sampler.epoch_done();
-    if (next % cfg.log_every == 0 || epoch_end || (cfg.max_steps > 0 && next >= cfg.max_steps))
-      log_window(plan.lr);
-  }
-
-  /// A metrics line (and the progress line) with the window's means; the loss is reduced over the group.
-  void log_window(float rate) {
-    auto& f = fabric();
-    // Each rank's loss share sums to the global mean loss; the distillation figures sum over the ranks.
-    double agg[3] = {stats.loss, stats.distill_wait_ms, static_cast<double>(stats.distill_missing)};
-    f.backend().allreduce_sync(comm::Buffer::of(std::span<double>(agg)), comm::ReduceOp::kSum, setup.op);
-    const auto steps = static_cast<double>(stats.steps);
-    const double mean_loss = agg[0] / steps;
-    sum.final_train_loss = mean_loss;
-    const double sps = static_cast<double>(stats.samples) / (stats.step_ms / 1e3);
-    StepEvent e;
-    e.step = step();
-    e.epoch = sampler.epoch();
-    e.world_size = f.size();
-    e.loss = mean_loss;
-    e.lr = rate;
-    e.samples_per_s = std::round(sps);
-    e.step_ms = stats.step_ms / steps;
-    e.comm_ms = stats.comm_ms / steps;
-    e.exposed_comm_ms = f.last_exposed_ms();
-    e.bytes_sent_per_step = static_cast<double>(stats.bytes_sent) / steps;
-    if (distiller) {
-      e.distilling = true;
-      e.distill_wait_ms = agg[1] / steps / static_cast<double>(f.size());
-      e.distill_missing = static_cast<std::int64_t>(agg[2]);
-    }
-    events.emit(e);
-    if (f.rank() == 0 && cfg.progress && seconds_since(stats.last_progress) > 2.0) {
-      stats.last_progress = Clock::now();
-      const std::int64_t left = steps_remaining();
-      const double eta =
-          (stats.total_step_ms / static_cast<double>(stats.total_steps)) * static_cast<double>(left) / 1e3;
-      spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {} ranks {:.0f} samples/s ETA {:.0f}s",
-                   sampler.epoch() + 1, cfg.epochs, step(), step() + left, mean_loss, rate, f.size(), sps,
-                   eta);
-    }
-    stats.reset_window();
   }
 
   // ---- step boundaries: signals, leave requests, job-server resizes, checkpoints ----------------------
@@ -730,12 +476,8 @@ struct Session::Impl {
 
   // ---- the run -----------------------------------------------------------------------------------------
 
-  void announce_start() {
+  StartEvent start_event() {
     auto& f = fabric();
-    if (f.rank() != 0 || group.role() != membership::Role::kInitial) return;
-    const std::int64_t total = step() + steps_remaining();
-    spdlog::info("training {} on {} ({} train samples), {} ranks x batch {}, {} steps", work.describe(),
-                 cfg.dataset, parts.train_size, f.size(), cfg.batch_size, total);
     StartEvent e;
     e.world_size = f.size();
     e.model = cfg.model;
@@ -743,13 +485,13 @@ struct Session::Impl {
     e.params = work.params().size();
     e.batch_size = cfg.batch_size;
     e.global_batch = lr.step_batch(f.size());
-    e.steps = total;
-    e.buckets = f.num_buckets();
+    e.steps = step() + steps_remaining();
+    e.buckets = f.bucketer().num_buckets();
     e.elastic = name_of(kElasticNames, cfg.elastic);
     e.spares = group.spares();
     e.mpi = mpi::library_version();
     e.ulfm = mpi::ulfm_enabled();
-    events.emit(e);
+    return e;
   }
 
   bool start() {
@@ -767,8 +509,8 @@ struct Session::Impl {
       elastic.join_promoted(*how);
       lr.build_schedule(state.pos());
     }
-    t0 = Clock::now();
-    announce_start();
+    metrics.started(start_event(), work.describe(), parts.train_size,
+                    fabric().rank() == 0 && group.role() == membership::Role::kInitial);
     return true;
   }
 
@@ -786,9 +528,8 @@ struct Session::Impl {
     }
     ++sum.failures;
     const RecoveryReport rep = elastic.recover(e);
-    stats.reset_window();     // its partial sums included the lost step
+    metrics.recovering(rep.detected, {rep.world_size, group.epoch(), 0, 0, 0});
     final_evaluated = false;  // a replacement evaluates with the others: all do it again
-    pending = PendingRecovery{rep.detected, {rep.world_size, group.epoch(), 0, 0, 0}};
     if (rep.world_size < cfg.min_ranks) {
       sum.below_min_ranks = true;
       if (fabric().rank() == 0) {
@@ -816,48 +557,9 @@ struct Session::Impl {
       sum.left = true;
       return sum;
     }
-    sum.steps = step();
-    sum.world_size = fabric().size();
-    sum.wall_s = seconds_since(t0);
-    const auto n = static_cast<double>(stats.total_steps);
-    sum.mean_step_ms = stats.total_steps > 0 ? stats.total_step_ms / n : 0;
-    sum.mean_comm_ms = stats.total_steps > 0 ? stats.total_comm_ms / n : 0;
-    sum.samples_per_s = static_cast<double>(sum.samples) / (stats.total_step_ms / 1e3);
-    DoneEvent e;
-    e.test_accuracy = sum.test_accuracy;
-    e.test_loss = sum.test_loss;
-    e.train_loss = sum.final_train_loss;
-    e.steps = sum.steps;
-    e.epochs = sum.epochs;
-    e.samples = sum.samples;
-    e.world_size = sum.world_size;
-    e.failures = sum.failures;
-    e.wall_s = sum.wall_s;
-    e.step_ms = sum.mean_step_ms;
-    e.comm_ms = sum.mean_comm_ms;
-    e.samples_per_s = std::round(sum.samples_per_s);
-    e.train_s = stats.total_step_ms / 1e3;
-    e.algorithm = fabric().algorithm().name();
-    e.bytes_sent_per_step =
-        sum.steps > 0 ? static_cast<double>(sum.bytes_sent) / static_cast<double>(sum.steps) : 0.0;
-    e.stopped_by_signal = sum.stopped_by_signal;
-    e.below_min_ranks = sum.below_min_ranks;
-    e.checkpoint_error = sum.checkpoint_error;
-    if (distiller) {
-      const auto t = distiller->totals();
-      e.teacher = distiller->describe();
-      e.distill_wait_ms_per_step = t.steps > 0 ? t.wait_ms / static_cast<double>(t.steps) : 0.0;
-      e.distill_missing = t.missing;
-      e.distill_failed_requests = t.failed_requests;
-      e.distill_failovers = t.failovers;
-      if (fabric().rank() == 0) {
-        spdlog::info(
-            "distillation: {:.2f} ms per step waiting for teacher logits, {} samples on labels alone, {} "
-            "requests failed over to another teacher, {} failed (rank 0)",
-            e.distill_wait_ms_per_step, t.missing, t.failovers, t.failed_requests);
-      }
-    }
-    events.emit(e);
+    metrics.done(step(), fabric().size(), fabric().algorithm().name());
+    teacher_feed.totals(sum, fabric().rank() == 0);
+    events.emit(sum);
     return sum;
   }
 };
@@ -869,7 +571,7 @@ bool Session::start() { return impl_->start(); }
 Next Session::next() { return impl_->next(); }
 const StepPlan& Session::begin_step() { return impl_->begin_step(); }
 std::span<const std::size_t> Session::micro_batch(std::size_t j) { return impl_->micro_batch(j); }
-void Session::grad_ready(Slice range) { impl_->grad_ready(range); }
+void Session::grad_ready(Slice range) { impl_->grad_ready(range, nullptr); }
 void Session::grad_ready(Slice range, CUevent_st* ready) { impl_->grad_ready(range, ready); }
 void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
 void Session::reduce() { impl_->reduce(); }

@@ -49,16 +49,13 @@
 #include "sinew/membership/group.hpp"
 #include "sinew/train/config.hpp"
 #include "sinew/train/summary.hpp"
+#include "sinew/train/teacher_feed.hpp"
 #include "sinew/workload/workload.hpp"
 
 struct CUevent_st;
 
 namespace sinew::comm::nccl {
 class Api;
-}
-
-namespace sinew::distill {
-class Distiller;
 }
 
 namespace sinew::train {
@@ -87,11 +84,6 @@ struct StepPlan {
   float lr = 0;                   ///< the learning rate of the update
   bool reduces_gradients = true;  ///< false: grad_ready() is not needed (the algorithm exchanges models)
 };
-
-/// Makes the teacher of --distill-*: called once, before the group's first collective, with this
-/// process's launch rank and a thread-safe function returning its current {rank, size} in the group.
-using DistillerFactory = std::function<std::unique_ptr<distill::Distiller>(
-    int launch_rank, std::function<std::pair<int, int>()> place)>;
 
 /// What a session is built with besides the configuration, the group and the workload.
 struct SessionParts {

@@ -29,7 +29,7 @@
 #include <string>
 
 #include "sinew/core/flat.hpp"
-#include "sinew/train/replicated_state.hpp"
+#include "sinew/train/position.hpp"
 
 namespace sinew::train {
 

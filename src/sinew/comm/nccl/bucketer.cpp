@@ -15,33 +15,23 @@ DeviceBucketer::DeviceBucketer(NcclBackend& nccl, float* grads, std::size_t n,
       opts_(std::move(opts)),
       // comm::GradientBucketer's layout, so that both devices bucket a model alike.
       layout_(ready_order, n, opts_.bucket_bytes, "device bucketer") {
-  for (const auto& b : layout_.buckets()) buckets_.push_back({b.range, b.ranges_total, 0});
-  works_.reserve(buckets_.size());
-}
-
-std::vector<Slice> DeviceBucketer::buckets() const {
-  std::vector<Slice> out;
-  out.reserve(buckets_.size());
-  for (const auto& b : buckets_) out.push_back(b.range);
-  return out;
+  works_.reserve(num_buckets());
 }
 
 void DeviceBucketer::mark_ready(Slice r, cudaEvent_t ready) {
-  Bucket& b = buckets_[layout_.bucket_of(r.offset)];
-  SINEW_ENFORCE(b.ranges_ready < b.ranges_total, "range at offset {} reported twice in one step", r.offset);
   // Now, not when the bucket is enqueued: the caller may record the event again for a later range, and a
   // stream wait takes the event as it is at the call. A wait for a later bucket's range placed before an
   // earlier bucket's reduction only delays that reduction when ranges arrive out of bucket order.
   if (ready != nullptr) nccl_.wait_event(ready);
-  ++b.ranges_ready;
+  layout_.arrive(r.offset);
   enqueue_ready();
 }
 
 void DeviceBucketer::enqueue_ready() {
   // Bucket order on every rank: NCCL matches collectives by their order on the communicator.
-  while (works_.size() < buckets_.size()) {
-    const Bucket& b = buckets_[works_.size()];
-    if (b.ranges_ready < b.ranges_total) return;
+  while (works_.size() < num_buckets()) {
+    if (!layout_.complete(works_.size())) return;
+    const BucketLayout::Bucket& b = layout_.buckets()[works_.size()];
     if (works_.empty()) first_enqueue_ = Clock::now();
     float* data = grads_ + b.range.offset;
     if (opts_.reduce) {
@@ -55,12 +45,12 @@ void DeviceBucketer::enqueue_ready() {
 
 void DeviceBucketer::finish() {
   const auto start = Clock::now();
-  if (works_.size() != buckets_.size()) {
+  if (works_.size() != num_buckets()) {
     const std::size_t enqueued = works_.size();
     rearm();
     SINEW_THROW(InternalError,
                 "device bucketer: finish() with {} of {} buckets complete; mark every range ready", enqueued,
-                buckets_.size());
+                num_buckets());
   }
   // One deadline for the whole step, as the CPU bucketer's finish(); every poll checks all buckets' health
   // through their Works (NCCL's async error, the MPI view every millisecond).
@@ -76,7 +66,7 @@ void DeviceBucketer::finish() {
             Timeout,
             "gradient allreduce did not complete within {} ms ({} of {} buckets done); a peer is dead, "
             "stopped or far behind; the NCCL communicator was aborted",
-            opts_.op.timeout.count(), done, buckets_.size());
+            opts_.op.timeout.count(), done, num_buckets());
       }
       if (spins < 64) {
         std::this_thread::yield();
@@ -95,7 +85,7 @@ void DeviceBucketer::finish() {
 
 void DeviceBucketer::rearm() {
   works_.clear();
-  for (auto& b : buckets_) b.ranges_ready = 0;
+  layout_.rearm();
 }
 
 }  // namespace sinew::comm::nccl

@@ -36,7 +36,7 @@ struct DeviceBucketOptions {
   std::function<std::unique_ptr<Work>(float* data, std::size_t count, std::size_t offset)> reduce;
 };
 
-class DeviceBucketer {
+class DeviceBucketer final : public Bucketer {
  public:
   /// `grads`: n device floats. `ready_order`: as for comm::GradientBucketer, the ranges in the order
   /// backward reports them, covering the gradients exactly once, consecutive ones adjacent.
@@ -46,40 +46,36 @@ class DeviceBucketer {
   DeviceBucketer& operator=(const DeviceBucketer&) = delete;
   DeviceBucketer(DeviceBucketer&&) = delete;
   DeviceBucketer& operator=(DeviceBucketer&&) = delete;
-  ~DeviceBucketer() = default;
+  ~DeviceBucketer() override = default;
+
+  using Bucketer::mark_ready;
 
   /// The gradients of `r` (one entry of ready_order) are final once `ready` completes (null: already
   /// final). The communication stream waits for `ready` from now on (the event may be recorded again
   /// afterwards); when this completes a bucket, it and every complete bucket after it are enqueued, in
   /// bucket order. Never blocks the host. Throws CommFailure if enqueueing fails (the backend is aborted).
-  void mark_ready(Slice r, cudaEvent_t ready);
+  void mark_ready(Slice r, cudaEvent_t ready) override;
   /// Polls every bucket's reduction to completion against opts.op.timeout, NCCL's async error and the MPI
   /// view's failure state, then re-arms for the next step. Throws CommFailure, or Timeout past the
   /// deadline, after aborting the backend. Every range must have been marked ready.
-  void finish();
+  void finish() override;
 
-  [[nodiscard]] std::size_t num_buckets() const noexcept { return buckets_.size(); }
-  [[nodiscard]] std::vector<Slice> buckets() const;
+  [[nodiscard]] std::size_t num_buckets() const noexcept override { return layout_.buckets().size(); }
+  [[nodiscard]] std::vector<Slice> buckets() const override { return layout_.ranges(); }
   /// Milliseconds from the first bucket's enqueue to the last one's completion as finish() saw it: the
   /// span of the step's communication (the GPU's own time is not observable without timing events).
-  [[nodiscard]] double last_comm_ms() const noexcept { return last_comm_ms_; }
+  [[nodiscard]] double last_comm_ms() const noexcept override { return last_comm_ms_; }
   /// Milliseconds finish() blocked: communication not hidden behind backward.
-  [[nodiscard]] double last_exposed_ms() const noexcept { return last_exposed_ms_; }
+  [[nodiscard]] double last_exposed_ms() const noexcept override { return last_exposed_ms_; }
 
  private:
-  struct Bucket {
-    Slice range;
-    std::size_t ranges_total = 0;
-    std::size_t ranges_ready = 0;
-  };
   void enqueue_ready();
   void rearm();
 
   NcclBackend& nccl_;
   float* grads_;
   DeviceBucketOptions opts_;
-  BucketLayout layout_;
-  std::vector<Bucket> buckets_;
+  BucketLayout layout_;                       // and the step's arrivals
   std::vector<std::unique_ptr<Work>> works_;  // bucket b's reduction at [b]
   std::chrono::steady_clock::time_point first_enqueue_{};
   double last_comm_ms_ = 0;
