@@ -1,4 +1,4 @@
-// The documented loop of train::Session (session.hpp) over a test_support::LinearModel whose forward and
+// The driver of train::Session (driver.hpp) over a test_support::LinearModel whose forward and
 // backward the caller computes: what a PyTorch training script does through the Python package. Used by
 // tests/mpi/session_test.cpp and the job tests/mpi/session_driver.cpp.
 #pragma once
@@ -9,6 +9,7 @@
 #include "flat_workload.hpp"
 #include "linear_model.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/train/driver.hpp"
 #include "sinew/train/session.hpp"
 
 namespace sinew::test_support {
@@ -24,36 +25,20 @@ struct TestSet {
 /// micro-batch ("forward", "allreduce", "optimizer" fire inside the session).
 inline train::Summary drive(train::Session& s, const LinearModel& model, FlatWorkload& work,
                             TestSet test = {}) {
-  if (!s.start()) return s.finish();  // a hot spare, dismissed at the end
-  for (;;) {
-    try {
-      for (train::Next n = s.next(); n != train::Next::kDone; n = s.next()) {
-        if (n == train::Next::kEvaluate) {
-          const auto [first, last] = s.begin_evaluation(test.count);
-          std::vector<std::size_t> idx;
-          for (std::size_t i = first; i < last; ++i) idx.push_back(test.first + i);
-          s.end_evaluation(model.evaluate(work.params(), idx), idx.size());
-          continue;
-        }
-        const train::StepPlan& p = s.begin_step();
-        double loss = 0;
-        for (std::size_t j = 0; j < p.micro_batches; ++j) {
-          const auto indices = s.micro_batch(j);
-          const bool last = j + 1 == p.micro_batches;
-          if (j == 0 && !indices.empty()) s.fault(fault::Point::kBackward);
-          loss +=
-              model.train(work.params(), work.grads(), indices, static_cast<double>(p.total), j > 0,
-                          last ? workload::ReadyFn([&s](Slice r) { s.grad_ready(r); }) : workload::ReadyFn());
-        }
-        s.end_step(loss);
-        if (s.boundary() != train::After::kContinue) break;
-      }
-      break;
-    } catch (const CommFailure& e) {
-      s.recover(e);
-    }
-  }
-  return s.finish();
+  train::Driver d(s, test.count);
+  return d.run(
+      [&](const train::Task& t) {
+        if (t.micro_batch == 0 && !t.indices.empty()) s.fault(fault::Point::kBackward);
+        return model.train(work.params(), work.grads(), t.indices, static_cast<double>(t.total),
+                           t.micro_batch > 0,
+                           t.last_micro_batch() ? workload::ReadyFn([&s](Slice r) { s.grad_ready(r); })
+                                                : workload::ReadyFn());
+      },
+      [&](std::size_t first, std::size_t last) {
+        std::vector<std::size_t> idx;
+        for (std::size_t i = first; i < last; ++i) idx.push_back(test.first + i);
+        return model.evaluate(work.params(), idx);
+      });
 }
 
 }  // namespace sinew::test_support

@@ -14,6 +14,7 @@
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/torch/workload.hpp"
+#include "sinew/train/driver.hpp"
 #include "sinew/train/layer_options.hpp"
 #include "sinew/train/session.hpp"
 
@@ -29,20 +30,11 @@ struct Job::Impl {
   std::optional<mpi::Environment> env;
   std::optional<membership::Group> group;
   std::unique_ptr<train::Session> session;
+  std::unique_ptr<train::Driver> driver;
   TorchWorkload* work = nullptr;
   Steps steps;
-  // next()'s place in the session's loop
-  train::StepPlan plan;
-  bool in_step = false;    // begin_step() done, end_step() not yet
-  bool computing = false;  // a micro-batch was handed out; its loss comes with the next call
-  bool done = false;
-  std::size_t j = 0;        // the micro-batch of the step
-  std::size_t samples = 0;  // in the micro-batch handed out
-  double step_loss = 0;
-  // the caller's own loop
-  int phase = 0;               // 0 no step open, 1 begun, 2 reduced
-  bool boundary_due = false;   // a step was updated; its boundary comes at the next settle()
-  bool settled = false;        // settle() said "a step" and begin() has not yet come
+  bool done = false;           // a hot spare dismissed at the end
+  double share = 0;            // the micro-batch handed out last: its loss as a share of the step's mean
   std::exception_ptr failure;  // a CommFailure the gradient hooks saw (rethrown by reduce())
 };
 
@@ -166,75 +158,49 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
     work.set_ready([&s](Slice r) { s.grad_ready(r); });
   }
   work.set_first_ready([&s] { s.fault(fault::Point::kBackward); });
-  impl_->done = !s.start();  // a hot spare waits here; false: dismissed at the end
-  work.keep_buffers();
+  train::DriverHooks hooks;
+  hooks.step_ends = [&work] { work.disarm(); };
+  hooks.step_ended = [&work] { work.keep_buffers(); };
+  // The lost step's forward passes updated BatchNorm's statistics here: back to the last completed step's,
+  // so that the redo counts its batch once (the state sync then takes the most advanced member's).
+  hooks.recovering = [this, &work] {
+    impl_->failure = nullptr;
+    work.disarm();
+    work.restore_buffers();
+  };
+  impl_->driver = std::make_unique<train::Driver>(s, steps.evaluate ? steps.test_size : 0, std::move(hooks));
+  impl_->done = !impl_->driver->start();  // a hot spare waits here; false: dismissed at the end
   return !impl_->done;
 }
 
 std::optional<MicroBatch> Job::next(double loss) {
-  train::Session* s = impl_->session.get();
-  if (s == nullptr) SINEW_THROW(InvalidArgument, "Job::next before Job::start");
+  if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::next before Job::start");
   Impl& m = *impl_;
   TorchWorkload& work = *m.work;
-  if (m.computing) {  // the micro-batch handed out last: this rank's share of the step's mean loss
-    m.step_loss += loss * static_cast<double>(m.samples) / static_cast<double>(m.plan.total);
-    m.computing = false;
-    ++m.j;
-  }
+  double share = std::exchange(m.share, 0) * loss;
   while (!m.done) {
-    if (m.in_step && m.j < m.plan.micro_batches) {
-      const auto indices = s->micro_batch(m.j);
-      work.begin_micro_batch(m.j, m.plan.micro_batches, indices.size(), m.plan.total);
-      if (indices.empty()) {
-        work.skip_micro_batch();
-        ++m.j;
-        continue;
-      }
-      m.computing = true;
-      m.samples = indices.size();
-      return MicroBatch{indices, m.j, m.plan.micro_batches, m.plan.step, m.plan.epoch};
-    }
-    if (m.in_step) {
-      m.in_step = false;
-      work.disarm();
-      s->end_step(m.step_loss);
-      work.keep_buffers();
-      if (s->boundary() != train::After::kContinue) m.done = true;
+    const train::Task t = m.driver->next(share);
+    share = 0;
+    if (t.kind == train::Task::Kind::kDone) break;
+    if (t.kind == train::Task::Kind::kEvaluate) {
+      m.driver->evaluated(t.last > t.first ? m.steps.evaluate(t.first, t.last) : workload::EvalSums{});
       continue;
     }
-    const train::Next n = s->next();
-    if (n == train::Next::kDone) {
-      m.done = true;
-    } else if (n == train::Next::kEvaluate) {
-      const auto& ev = m.steps.evaluate;
-      const auto [first, last] = s->begin_evaluation(ev ? m.steps.test_size : 0);
-      const workload::EvalSums sums = ev && last > first ? ev(first, last) : workload::EvalSums{};
-      s->end_evaluation(sums, last - first);
-    } else {
-      m.plan = s->begin_step();
-      m.in_step = true;
-      m.j = 0;
-      m.step_loss = 0;
+    work.begin_micro_batch(t.micro_batch, t.micro_batches, t.indices.size(), t.total);
+    if (t.indices.empty()) {
+      work.skip_micro_batch();
+      continue;
     }
+    m.share = static_cast<double>(t.indices.size()) / static_cast<double>(t.total);
+    return MicroBatch{t.indices, t.micro_batch, t.micro_batches, t.step, t.epoch};
   }
   return std::nullopt;
 }
 
 void Job::recover(const CommFailure& e) {
-  if (!impl_->session) throw e;
-  Impl& m = *impl_;
-  m.in_step = false;  // the lost step is planned again
-  m.computing = false;
-  m.phase = 0;
-  m.boundary_due = false;
-  m.settled = false;
-  m.failure = nullptr;
-  m.work->disarm();
-  // The lost step's forward passes updated BatchNorm's statistics here: back to the last completed step's,
-  // so that the redo counts its batch once (the state sync then takes the most advanced member's).
-  m.work->restore_buffers();
-  m.session->recover(e);
-  m.work->keep_buffers();
+  if (!impl_->driver) throw e;
+  impl_->share = 0;
+  impl_->driver->recover(e);
 }
 
 bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t batch_size, int epochs,
@@ -279,73 +245,34 @@ bool Job::start_loop(TorchWorkload& work, std::size_t train_size, std::size_t ba
 }
 
 bool Job::settle() {
-  Impl& m = *impl_;
-  train::Session* s = m.session.get();
-  if (s == nullptr) SINEW_THROW(InvalidArgument, "Job::settle before Job::start_loop");
-  if (m.settled) return true;
-  if (m.done) return false;
-  if (m.phase != 0) update(0);  // the script updated by hand (or not at all: reduce() says so)
-  if (m.boundary_due) {
-    m.boundary_due = false;
-    if (s->boundary() != train::After::kContinue) m.done = true;
-  }
-  while (!m.done) {
-    const train::Next n = s->next();
-    if (n == train::Next::kDone) {
-      m.done = true;
-    } else if (n == train::Next::kEvaluate) {
-      // The script evaluates in its own loop: nothing collective here, so that a replacement that joins
-      // while the others evaluate (job.all_reduce) meets them there.
-      s->skip_evaluation();
-    } else {
-      m.settled = true;
-      return true;
-    }
-  }
-  return false;
+  if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::settle before Job::start_loop");
+  return impl_->driver->settle();
 }
 
 MicroBatch Job::begin() {
   Impl& m = *impl_;
-  if (!settle()) SINEW_THROW(InvalidArgument, "Job::begin: the run is over");
-  train::Session& s = *m.session;
-  m.plan = s.begin_step();
-  if (m.plan.micro_batches != 1) {
-    SINEW_THROW(InvalidArgument,
-                "--global-batch {} gives steps of {} micro-batches; in the script's own loop every batch of "
-                "its DataLoader is one step: leave --global-batch out (accumulate gradients by hand: sum the "
-                "losses of several batches, then call backward() once)",
-                m.cfg.global_batch, m.plan.micro_batches);
-  }
-  m.settled = false;
+  if (!m.driver) SINEW_THROW(InvalidArgument, "Job::begin before Job::start_loop");
+  const train::Task t = m.driver->begin();
   m.failure = nullptr;
-  const auto indices = s.micro_batch(0);
-  m.work->begin_micro_batch(0, 1, std::max<std::size_t>(indices.size(), 1), m.plan.total);
-  if (indices.empty()) m.work->mute();  // runs the step on a stand-in sample that weighs nothing
-  m.phase = 1;
-  return MicroBatch{indices, 0, 1, m.plan.step, m.plan.epoch};
+  m.work->begin_micro_batch(0, 1, std::max<std::size_t>(t.indices.size(), 1), t.total);
+  if (t.indices.empty()) m.work->mute();  // runs the step on a stand-in sample that weighs nothing
+  return MicroBatch{t.indices, 0, 1, t.step, t.epoch};
 }
 
 void Job::reduce() {
   Impl& m = *impl_;
-  if (m.phase == 0) SINEW_THROW(InvalidArgument, "Job::reduce outside a step");
+  if (phase() == 0) SINEW_THROW(InvalidArgument, "Job::reduce outside a step");
   if (m.failure) std::rethrow_exception(std::exchange(m.failure, nullptr));
-  m.session->reduce();
-  m.phase = 2;
+  m.driver->reduce();
 }
 
 void Job::update(double loss) {
-  Impl& m = *impl_;
-  if (m.phase == 1) reduce();
-  if (m.phase != 2) SINEW_THROW(InvalidArgument, "Job::update outside a step");
-  m.work->disarm();
-  m.session->end_step(loss);
-  m.work->keep_buffers();
-  m.phase = 0;
-  m.boundary_due = true;
+  if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::update outside a step");
+  if (impl_->driver->phase() == 1) reduce();
+  impl_->driver->update(loss);
 }
 
-int Job::phase() const noexcept { return impl_->phase; }
+int Job::phase() const noexcept { return impl_->driver ? impl_->driver->phase() : 0; }
 
 std::optional<std::vector<std::size_t>> Job::peek(std::size_t ahead) {
   if (!impl_->session) SINEW_THROW(InvalidArgument, "Job::peek before Job::start_loop");
@@ -353,27 +280,27 @@ std::optional<std::vector<std::size_t>> Job::peek(std::size_t ahead) {
 }
 
 train::Summary Job::finish() {
-  if (!impl_->session) SINEW_THROW(InvalidArgument, "Job::finish before Job::start");
+  if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::finish before Job::start");
   impl_->work->set_ready({});
   impl_->work->set_device_ready({});
   impl_->work->set_first_ready({});
-  return impl_->session->finish();
+  return impl_->driver->finish();
 }
 
 train::Summary Job::run(TorchWorkload& work, std::size_t train_size, const Steps& steps) {
   if (!steps.train) SINEW_THROW(InvalidArgument, "Job::run: no training step was given");
   if (!start(work, train_size, steps)) return finish();
-  double loss = 0;
-  for (;;) {
-    try {
-      const auto batch = next(loss);
-      if (!batch) break;
-      loss = steps.train(batch->indices);
-    } catch (const CommFailure& e) {
-      recover(e);
-      loss = 0;
-    }
-  }
+  impl_->driver->run(
+      [&](const train::Task& t) {
+        work.begin_micro_batch(t.micro_batch, t.micro_batches, t.indices.size(), t.total);
+        if (t.indices.empty()) {
+          work.skip_micro_batch();
+          return 0.0;
+        }
+        // The step's loss is the mean over its micro-batches' samples.
+        return steps.train(t.indices) * static_cast<double>(t.indices.size()) / static_cast<double>(t.total);
+      },
+      steps.evaluate);
   return finish();
 }
 

@@ -14,6 +14,7 @@
 #include "sinew/data/dataset.hpp"
 #include "sinew/distill/distiller.hpp"
 #include "sinew/distill/sources.hpp"
+#include "sinew/train/driver.hpp"
 #include "sinew/train/layer_options.hpp"
 #include "sinew/train/session.hpp"
 #include "sinew/workload/workload.hpp"
@@ -117,62 +118,39 @@ struct Trainer::Impl {
     return ms[1];
   }
 
-  /// Test-set loss and accuracy: every rank evaluates a contiguous shard in chunks, the sums are reduced.
-  void evaluate() {
-    const auto [begin, end] = session.begin_evaluation(data.test.size());
+  /// Test-set loss and accuracy of this rank's shard [first, last), in chunks.
+  workload::EvalSums evaluate(std::size_t first, std::size_t last) {
     constexpr std::size_t kChunk = 1024;
     std::vector<std::size_t> idx;
     workload::EvalSums sums;
-    for (std::size_t s = begin; s < end; s += kChunk) {
-      idx.resize(std::min(kChunk, end - s));
+    for (std::size_t s = first; s < last; s += kChunk) {
+      idx.resize(std::min(kChunk, last - s));
       for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = s + i;
       const auto chunk = work->evaluate(idx);
       sums.loss += chunk.loss;
       sums.correct += chunk.correct;
     }
-    session.end_evaluation(sums, end - begin);
+    return sums;
   }
 
-  /// One optimiser step: the step's micro-batches (several with --global-batch, accumulated by the
-  /// workload), forward, backward with buckets reduced as they fill; the session does the rest.
-  void train_step() {
-    const StepPlan& plan = session.begin_step();
-    const bool on_device = work->on_device();
-    float local_loss = 0;
-    for (std::size_t j = 0; j < plan.micro_batches; ++j) {
-      const auto indices = session.micro_batch(j);
-      const bool last = j + 1 == plan.micro_batches;
-      workload::TrainHooks hooks;
-      if (j == 0) hooks.before_backward = [this] { session.fault(Point::kBackward); };
-      if (distilling(cfg)) hooks.teacher = [this, indices] { return session.teacher(indices); };
-      if (last && on_device) {
-        hooks.device_ready = [this](Slice r, CUevent_st* e) { session.grad_ready(r, e); };
-      } else if (last) {
-        hooks.ready = [this](Slice r) { session.grad_ready(r); };
-      }
-      local_loss += work->train({indices, static_cast<double>(plan.total), j > 0}, hooks);
+  /// One micro-batch of a step (several with --global-batch, accumulated by the workload): forward,
+  /// backward with buckets reduced as they fill in the last one; returns this rank's loss share.
+  double train(const Task& t) {
+    workload::TrainHooks hooks;
+    if (t.micro_batch == 0) hooks.before_backward = [this] { session.fault(Point::kBackward); };
+    if (distilling(cfg)) hooks.teacher = [this, &t] { return session.teacher(t.indices); };
+    if (t.last_micro_batch() && work->on_device()) {
+      hooks.device_ready = [this](Slice r, CUevent_st* e) { session.grad_ready(r, e); };
+    } else if (t.last_micro_batch()) {
+      hooks.ready = [this](Slice r) { session.grad_ready(r); };
     }
-    session.end_step(local_loss);
+    return work->train({t.indices, static_cast<double>(t.total), t.micro_batch > 0}, hooks);
   }
 
   Summary run() {
-    if (!session.start()) return session.finish();  // a hot spare, dismissed at the end
-    for (;;) {
-      try {
-        for (Next n = session.next(); n != Next::kDone; n = session.next()) {
-          if (n == Next::kEvaluate) {
-            evaluate();
-            continue;
-          }
-          train_step();
-          if (session.boundary() != After::kContinue) break;
-        }
-        break;
-      } catch (const CommFailure& e) {
-        session.recover(e);
-      }
-    }
-    return session.finish();
+    Driver d(session, data.test.size());
+    return d.run([this](const Task& t) { return train(t); },
+                 [this](std::size_t first, std::size_t last) { return evaluate(first, last); });
   }
 };
 
