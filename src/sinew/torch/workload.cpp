@@ -347,6 +347,11 @@ void TorchWorkload::use_optimizer(ExternalOptimizer o) {
     }
   }
   external_ = std::move(o);
+  // Sinew's fused optimiser is never stepped again, and it made its state when the workload was built (SGD's
+  // momentum, Adam's moments: a float per parameter per key): freed, or the script's loop would carry one
+  // unused copy of the parameters per key beside the adopted optimiser's own (issue 49's peak memory).
+  optimizer_.reset();
+  device_optimizer_.reset();
   host_state_.clear();
   if (device_)
     for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
