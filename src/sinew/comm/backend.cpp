@@ -40,6 +40,19 @@ void poll_until_complete(Work& w, std::chrono::milliseconds timeout, std::string
   }
 }
 
+std::string Backend::share_sync(const std::string& bytes, bool have, const Options& opts) {
+  // The lowest rank that has them: a min over (have ? rank : size).
+  std::int64_t v[1] = {have ? rank() : size()};
+  allreduce_sync(Buffer::of(std::span<std::int64_t>(v)), ReduceOp::kMin, opts);
+  const int root = static_cast<int>(v[0]);
+  if (root >= size()) return {};
+  std::int64_t len[1] = {static_cast<std::int64_t>(bytes.size())};
+  broadcast_sync(Buffer::of(std::span<std::int64_t>(len)), root, opts);
+  std::string out = rank() == root ? bytes : std::string(static_cast<std::size_t>(len[0]), '\0');
+  if (!out.empty()) broadcast_sync(Buffer::of(std::as_writable_bytes(std::span<char>(out))), root, opts);
+  return out;
+}
+
 std::size_t dtype_size(DType t) noexcept {
   switch (t) {
     case DType::kFloat32:

@@ -166,6 +166,8 @@ class Backend {
     allgather(in, out, opts)->wait(opts.timeout);
   }
   void barrier_sync(const Options& opts = {}) { barrier(opts)->wait(opts.timeout); }
+  /// The `bytes` of the lowest rank whose `have` is true, on every member (empty if none has them).
+  std::string share_sync(const std::string& bytes, bool have, const Options& opts = {});
 };
 
 }  // namespace sinew::comm

@@ -361,23 +361,6 @@ struct Session::Impl {
     return std::vector<std::size_t>(b.indices.begin(), b.indices.end());
   }
 
-  std::string share(const std::string& bytes, bool have) {
-    auto& f = fabric();
-    // The lowest rank that has them: a min over (have ? rank : size).
-    std::int64_t v[2] = {have ? f.rank() : f.size(), 0};
-    f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(v, 1)), comm::ReduceOp::kMin,
-                               setup.op);
-    const int root = static_cast<int>(v[0]);
-    if (root >= f.size()) return {};
-    std::int64_t len[1] = {static_cast<std::int64_t>(bytes.size())};
-    f.backend().broadcast_sync(comm::Buffer::of(std::span<std::int64_t>(len)), root, setup.op);
-    std::string out = f.rank() == root ? bytes : std::string(static_cast<std::size_t>(len[0]), '\0');
-    if (!out.empty())
-      f.backend().broadcast_sync(comm::Buffer::of(std::as_writable_bytes(std::span<char>(out))), root,
-                                 setup.op);
-    return out;
-  }
-
   void end_step(double local_loss) {
     auto& f = fabric();
     const std::int64_t next = plan.step;
@@ -576,7 +559,9 @@ void Session::grad_ready(Slice range, CUevent_st* ready) { impl_->grad_ready(ran
 void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
 void Session::reduce() { impl_->reduce(); }
 std::optional<std::vector<std::size_t>> Session::peek(std::size_t ahead) { return impl_->peek(ahead); }
-std::string Session::share(const std::string& bytes, bool have) { return impl_->share(bytes, have); }
+std::string Session::share(const std::string& bytes, bool have) {
+  return impl_->fabric().backend().share_sync(bytes, have, impl_->setup.op);
+}
 void Session::allreduce(std::span<double> values, bool max) {
   auto& f = impl_->fabric();
   f.backend().allreduce_sync(comm::Buffer::of(values), max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum,
