@@ -14,13 +14,8 @@
 #include "sinew/mpi/environment.hpp"
 #include "sinew/serve/service_source.hpp"
 #include "sinew/train/control.hpp"
+#include "sinew/train/process.hpp"
 #include "sinew/train/trainer.hpp"
-
-namespace {
-/// How long a finished process waits for MPI_Finalize (mpi::Environment::finalize). A healthy finalize
-/// takes well under a second here, also with four ranks on two cores.
-constexpr std::chrono::milliseconds kFinalizeBound{5000};
-}  // namespace
 
 int main(int argc, char** argv) {
   // First of all: a stop or leave signal from now on is recorded, not the end of the process. Slurm's
@@ -39,54 +34,21 @@ int main(int argc, char** argv) {
     const auto& cfg = *parsed.config;
     // So is the restart generation (a malformed SINEW_RESTART_GENERATION or SLURM_RESTART_COUNT).
     (void)launch.restart_generation();
-    // A member that dies leaves sockets behind whose next write raises SIGPIPE. The MPI library turns the
-    // write's EPIPE into a process failure that ULFM reports; the signal's default action would instead
-    // kill this process too (measured in the chaos run: a spawned replacement, which talks to the others
-    // over TCP, died of SIGPIPE when a member was killed, and mpirun then returned 141).
-    std::signal(SIGPIPE, SIG_IGN);
     // Recorded before MPI_Init can touch argv: grow() starts new members with this same command, and
     // they, running this main(), record an equal one for their own growth.
-    auto spawn = sinew::membership::SpawnCommand::of_this_process(argc, argv);
-    // A process spawned by grow() leaves (exit 0) if it cannot join within its parents' deadline: before
-    // MPI_Init, since an abandoned spawn leaves it blocked inside MPI_Init.
-    sinew::membership::JoinDeadline join_deadline;
-    std::optional<sinew::mpi::Environment> started;
-    try {
-      started.emplace(&argc, &argv);
-    } catch (const sinew::CommFailure& e) {
-      // A spawned process whose MPI_Init failed (the parents abandoned the spawn): it never was a member.
-      if (!join_deadline.spawned()) throw;
-      std::fprintf(stderr, "[sinew] spawned process: %s; leaving\n", e.message().c_str());
-      sinew::membership::JoinDeadline::leave();
-    }
-    auto& env = *started;
-    // A spawned replacement joins its parents here.
-    std::optional<sinew::membership::Group> joined;
-    try {
-      joined.emplace(sinew::membership::Group::attach(std::move(spawn), cfg.spares));
-    } catch (const sinew::membership::JoinFailed& e) {
-      // Never a member: the parents recover without this process, nobody waits for it (exit 0).
-      std::fprintf(stderr, "[sinew] spawned process: %s; leaving (exit code 0)\n", e.message().c_str());
-      env.finalize(0, kFinalizeBound);
-      return 0;
-    }
-    join_deadline.joined();
-    auto& group = *joined;
-    // Every process (members, spares, a spawned replacement) watches another one for stalls.
-    group.watch(std::chrono::milliseconds(cfg.stall_timeout_ms));
-    sinew::log::init(group.rank(), group.size(), sinew::log::parse_level(cfg.log_level));
+    sinew::train::Process process(cfg, sinew::membership::SpawnCommand::of_this_process(argc, argv), &argc,
+                                  &argv);
+    if (!process.joined()) return 0;  // spawned, never a member: the parents recovered without it
+    const auto& group = process.group();
     if (group.rank() == 0 && group.role() == sinew::membership::Role::kInitial) {
       spdlog::info("{} ({} ranks{}; ULFM {}; --elastic {}; launch: {})", sinew::mpi::library_version(),
                    group.size(), group.spares() > 0 ? fmt::format(" + {} hot spares", group.spares()) : "",
                    sinew::mpi::ulfm_enabled() ? "enabled" : "not enabled",
                    sinew::name_of(sinew::train::kElasticNames, cfg.elastic), launch.describe());
     }
-    if (group.role() == sinew::membership::Role::kRecovered) {
-      spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());
-    }
     int code = 0;
     {
-      sinew::train::Trainer trainer(cfg, std::move(group), sinew::model::make_workload,
+      sinew::train::Trainer trainer(cfg, process.take_group(), sinew::model::make_workload,
                                     sinew::serve::service_source);
       const auto s = trainer.run();
       if (!s.left && trainer.rank() == 0) {
@@ -105,7 +67,6 @@ int main(int argc, char** argv) {
     }  // the trainer is gone: metrics, audit and checkpoint files are written and closed
     // The results are durable now; after failures MPI_Finalize can wait for ever (a peer that died, a
     // spawn abandoned in MPI), so it is bounded, and the process exits with the run's code either way.
-    env.finalize(code, kFinalizeBound);
-    return code;
+    return process.finalize(code);
   });
 }

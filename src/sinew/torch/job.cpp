@@ -11,24 +11,21 @@
 
 #include "sinew/core/error.hpp"
 #include "sinew/core/log.hpp"
+#include "sinew/core/timer.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/environment.hpp"
 #include "sinew/torch/workload.hpp"
 #include "sinew/train/driver.hpp"
 #include "sinew/train/layer_options.hpp"
+#include "sinew/train/process.hpp"
 #include "sinew/train/session.hpp"
 
 namespace sinew::pytorch {
 
-namespace {
-constexpr std::chrono::milliseconds kFinalizeBound{5000};
-}
-
 struct Job::Impl {
   std::string help;
   train::Config cfg;
-  std::optional<mpi::Environment> env;
-  std::optional<membership::Group> group;
+  std::optional<train::Process> process;
   std::unique_ptr<train::Session> session;
   std::unique_ptr<train::Driver> driver;
   TorchWorkload* work = nullptr;
@@ -48,8 +45,6 @@ Job::Job(const std::vector<std::string>& options, std::vector<std::string> comma
     return;
   }
   impl_->cfg = *parsed.config;
-  // As sinew-train (apps/sinew_train.cpp): a dead peer's socket must not kill this process.
-  std::signal(SIGPIPE, SIG_IGN);
   // The command as given: /proc/self/exe would name the interpreter behind a virtual environment's
   // python link, and the replacement would not see the environment's packages.
   membership::SpawnCommand spawn;
@@ -62,29 +57,11 @@ Job::Job(const std::vector<std::string>& options, std::vector<std::string> comma
     spawn.program = command[0];
     spawn.args.assign(command.begin() + 1, command.end());
   }
-  membership::JoinDeadline join_deadline;
   int argc = 0;
   char** no_argv = nullptr;
-  try {
-    impl_->env.emplace(&argc, &no_argv);
-  } catch (const CommFailure& e) {
-    if (!join_deadline.spawned()) throw;
-    std::fprintf(stderr, "[sinew] spawned process: %s; leaving\n", e.message().c_str());
-    membership::JoinDeadline::leave();
-  }
-  try {
-    impl_->group.emplace(membership::Group::attach(std::move(spawn), impl_->cfg.spares));
-  } catch (const membership::JoinFailed& e) {
-    std::fprintf(stderr, "[sinew] spawned process: %s; leaving (exit code 0)\n", e.message().c_str());
-    impl_->env->finalize(0, kFinalizeBound);
-    std::exit(0);  // NOLINT(concurrency-mt-unsafe): no thread of Sinew's runs yet in a process never a member
-  }
-  join_deadline.joined();
-  auto& group = *impl_->group;
-  group.watch(std::chrono::milliseconds(impl_->cfg.stall_timeout_ms));
-  log::init(group.rank(), group.size(), log::parse_level(impl_->cfg.log_level));
-  if (group.role() == membership::Role::kRecovered)
-    spdlog::info("spawned as rank {} of {} to replace failed ranks", group.rank(), group.size());
+  impl_->process.emplace(impl_->cfg, std::move(spawn), &argc, &no_argv);
+  // Spawned, never a member: the parents recovered without it.
+  if (!impl_->process->joined()) std::exit(0);  // NOLINT(concurrency-mt-unsafe): no thread of Sinew's runs
 }
 
 Job::~Job() = default;
@@ -95,16 +72,16 @@ optim::OptimizerOptions Job::optimizer() const { return train::optimizer_options
 data::DataSplit Job::dataset() const { return data::load_dataset(train::dataset_options(impl_->cfg)); }
 int Job::rank() const {
   if (impl_->session) return impl_->session->rank();
-  return impl_->group ? impl_->group->rank() : 0;
+  return impl_->process && impl_->process->joined() ? impl_->process->group().rank() : 0;
 }
 int Job::size() const {
   if (impl_->session) return impl_->session->size();
-  return impl_->group ? impl_->group->size() : 1;
+  return impl_->process && impl_->process->joined() ? impl_->process->group().size() : 1;
 }
 train::Session* Job::session() noexcept { return impl_->session.get(); }
 
 bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps) {
-  if (!impl_->group || impl_->session)
+  if (!impl_->process || !impl_->process->joined() || impl_->session)
     SINEW_THROW(InvalidArgument, "Job: {}",
                 impl_->session ? "a job trains once" : "the job was asked for --help");
   impl_->work = &work;
@@ -122,7 +99,7 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
     const auto t = std::chrono::steady_clock::now();
     const std::vector<std::size_t> idx = first_samples();
     const std::size_t moved = work.probe_ready_order([&] { (void)impl_->steps.train(idx); });
-    if (impl_->group->rank() == 0 && impl_->group->role() == membership::Role::kInitial) {
+    if (rank() == 0 && impl_->process->group().role() == membership::Role::kInitial) {
       spdlog::info(
           "bucket order: backward's, from one pass ({} of {} tensors moved from the module's order; "
           "{:.0f} ms)",
@@ -136,21 +113,16 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
     parts.compute_ms = [this, first_samples] {
       TorchWorkload& w = *impl_->work;
       const std::vector<std::size_t> idx = first_samples();
-      std::vector<double> ms;
-      for (int i = 0; i < 3; ++i) {
+      const double ms = median_ms(3, [&] {
         w.begin_micro_batch(0, 2, idx.size(), idx.size());  // not the last micro-batch: no reports
-        const auto t = std::chrono::steady_clock::now();
         (void)impl_->steps.train(idx);
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
-      }
+      });
       w.begin_micro_batch(0, 2, 0, 1);  // zero gradients again
       w.disarm();
-      std::sort(ms.begin(), ms.end());
-      return ms[1];
+      return ms;
     };
   impl_->session =
-      std::make_unique<train::Session>(impl_->cfg, std::move(*impl_->group), work, std::move(parts));
-  impl_->group.reset();
+      std::make_unique<train::Session>(impl_->cfg, impl_->process->take_group(), work, std::move(parts));
   train::Session& s = *impl_->session;
   if (work.on_device()) {
     work.set_device_ready([&s](Slice r, CUevent_st* ready) { s.grad_ready(r, ready); });
@@ -305,10 +277,9 @@ train::Summary Job::run(TorchWorkload& work, std::size_t train_size, const Steps
 }
 
 int Job::exit(int code) {
+  impl_->driver.reset();
   impl_->session.reset();  // metrics, audit and checkpoints written and closed
-  if (impl_->env) impl_->env->finalize(code, kFinalizeBound);
-  impl_->env.reset();
-  return code;
+  return impl_->process ? impl_->process->finalize(code) : code;
 }
 
 }  // namespace sinew::pytorch

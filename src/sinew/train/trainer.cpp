@@ -108,14 +108,7 @@ struct Trainer::Impl {
   double probe_compute_ms() {
     std::vector<std::size_t> idx(std::min(cfg.batch_size, data.train.size()));
     for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    std::vector<double> ms;
-    for (int i = 0; i < 3; ++i) {
-      const auto t = Clock::now();
-      work->train({idx, static_cast<double>(idx.size()), false}, {});
-      ms.push_back(seconds_since(t) * 1e3);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[1];
+    return median_ms(3, [&] { work->train({idx, static_cast<double>(idx.size()), false}, {}); });
   }
 
   /// Test-set loss and accuracy of this rank's shard [first, last), in chunks.
