@@ -1,7 +1,7 @@
 // A libtorch model defined in C++, trained with Sinew's elastic runtime (src/sinew/torch): the C++ twin of
 // examples/torch/train_resnet.py.
 //
-//   mpirun -n 4 [mpi_scripts/env.sh's flags] sinew-torch-cnn [sinew-train options]
+//   sinew-run -n 4 -- sinew-torch-cnn [sinew-train options]
 //
 // Data: --dataset (Fashion-MNIST from Debian's package by default), loaded by Sinew. If a rank dies, the
 // others recover in place, redo the step and spawn a replacement running this same program.

@@ -2,7 +2,7 @@
 """ResNet-18 on an ImageFolder tree with DataLoader worker processes, elastic and fault-tolerant with Sinew.
 
     python3 make_images.py --out data/train                       # Fashion-MNIST as PNG files
-    mpirun -n 4 [mpi_scripts/env.sh's flags] python3 train.py --data data
+    mpi_scripts/sinew-run -n 4 -- python3 train.py --data data
 
 The script is a DDP script with Sinew's four calls (sinew.init, job.wrap, job.sampler, job.epochs). Sinew's
 options (--inject-fault, --resize-schedule, --audit-dir, --metrics, ...) come from the environment
