@@ -9,8 +9,8 @@ printed, and every --every seconds (and at the end) one line says how many were 
 
     [sinew] 1204331 more lines like: NBC_Progress: an error # was found during schedule # ...
 
-Lines that contain --always (the supervisor's own protocol: each leaving process's "exiting for a relaunch
-from the latest checkpoint") always pass. Exit status 0 (1 if stdout fails).
+Lines that contain an --always text always pass. Exit status 0 (1 if stdout fails). sinew-run filters the
+job's output with the same Limiter (it imports this file).
 """
 import argparse
 import re
@@ -20,44 +20,56 @@ import time
 NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
 
 
+class Limiter:
+    """Writes lines (bytes) to `out` (a text stream) the way the program above does; finish() at the end."""
+
+    def __init__(self, out, keep=20, every=10.0, always=()):
+        self.out, self.keep, self.every, self.always = out, keep, every, list(always)
+        self.seen = {}  # kind -> lines so far
+        self.held = {}  # kind -> lines held back since the last count
+        self.last = time.monotonic()
+
+    def report(self):
+        for kind, n in self.held.items():
+            if n > 0:
+                self.out.write(f"[sinew] {n} more line{'s' if n > 1 else ''} like: {kind}\n")
+        self.held.clear()
+
+    def feed(self, line):
+        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        wrote = True
+        if not any(a in text for a in self.always):
+            kind = NUMBER.sub("#", text.rstrip("\n"))[:200]
+            n = self.seen.get(kind, 0) + 1
+            self.seen[kind] = n
+            if n > self.keep:
+                self.held[kind] = self.held.get(kind, 0) + 1
+                wrote = False
+        if wrote:
+            self.out.write(text)
+        now = time.monotonic()
+        if self.held and now - self.last >= self.every:
+            self.report()
+            self.last = now
+            wrote = True
+        if wrote:
+            self.out.flush()
+
+    def finish(self):
+        self.report()
+        self.out.flush()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", type=int, default=20, help="lines of one kind that pass (default 20)")
     ap.add_argument("--every", type=float, default=10.0, help="seconds between the held-back counts (default 10)")
     ap.add_argument("--always", action="append", default=[], help="lines containing this always pass")
     args = ap.parse_args()
-    seen = {}  # kind -> lines so far
-    held = {}  # kind -> lines held back since the last count
-    last = time.monotonic()
-    out = sys.stdout
-
-    def report():
-        for kind, n in held.items():
-            if n > 0:
-                out.write(f"[sinew] {n} more line{'s' if n > 1 else ''} like: {kind}\n")
-        held.clear()
-
+    limiter = Limiter(sys.stdout, args.keep, args.every, args.always)
     for line in sys.stdin.buffer:
-        text = line.decode("utf-8", "replace")
-        wrote = True
-        if not any(a in text for a in args.always):
-            kind = NUMBER.sub("#", text.rstrip("\n"))[:200]
-            n = seen.get(kind, 0) + 1
-            seen[kind] = n
-            if n > args.keep:
-                held[kind] = held.get(kind, 0) + 1
-                wrote = False
-        if wrote:
-            out.write(text)
-        now = time.monotonic()
-        if held and now - last >= args.every:
-            report()
-            last = now
-            wrote = True
-        if wrote:
-            out.flush()
-    report()
-    out.flush()
+        limiter.feed(line)
+    limiter.finish()
     return 0
 
 
