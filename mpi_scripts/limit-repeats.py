@@ -17,42 +17,46 @@ import re
 import sys
 import time
 
-NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
+NUMBER = re.compile(rb"0x[0-9a-fA-F]+|\d+(\.\d+)?")
 
 
 class Limiter:
     """Writes lines (bytes) to `out` (a text stream) the way the program above does; finish() at the end."""
 
     def __init__(self, out, keep=20, every=10.0, always=()):
-        self.out, self.keep, self.every, self.always = out, keep, every, list(always)
-        self.seen = {}  # kind -> lines so far
+        self.out, self.keep, self.every = out, keep, every
+        self.always = [a.encode() for a in always]
+        self.seen = {}  # kind (bytes) -> lines so far
         self.held = {}  # kind -> lines held back since the last count
         self.last = time.monotonic()
 
     def report(self):
         for kind, n in self.held.items():
             if n > 0:
-                self.out.write(f"[sinew] {n} more line{'s' if n > 1 else ''} like: {kind}\n")
+                self.out.write(f"[sinew] {n} more line{'s' if n > 1 else ''} like: "
+                               f"{kind.decode('utf-8', 'replace')}\n")
         self.held.clear()
 
-    def feed(self, line):
-        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    def feed(self, line, flush=True):
+        """One line (bytes, or text; with its newline); `flush`: flush the output after a line written.
+        Bytes all the way for a line held back: a flood costs one regular expression per line."""
+        raw = line if isinstance(line, bytes) else line.encode("utf-8", "replace")
         wrote = True
-        if not any(a in text for a in self.always):
-            kind = NUMBER.sub("#", text.rstrip("\n"))[:200]
+        if not (self.always and any(a in raw for a in self.always)):
+            kind = NUMBER.sub(b"#", raw.rstrip(b"\n"))[:200]
             n = self.seen.get(kind, 0) + 1
             self.seen[kind] = n
             if n > self.keep:
                 self.held[kind] = self.held.get(kind, 0) + 1
                 wrote = False
         if wrote:
-            self.out.write(text)
+            self.out.write(raw.decode("utf-8", "replace"))
         now = time.monotonic()
         if self.held and now - self.last >= self.every:
             self.report()
             self.last = now
             wrote = True
-        if wrote:
+        if wrote and flush:
             self.out.flush()
 
     def finish(self):

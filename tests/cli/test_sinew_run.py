@@ -406,6 +406,18 @@ class EndToEnd(unittest.TestCase):
         self.assertIn("node sinew-h3 lost", p.stderr)
         self.assertEqual(events[1]["node_lost"], 1)
 
+    def test_a_flood_is_held_back_and_the_report_behind_it_still_read(self):
+        flood = [f"NBC_Progress: an error 75 was found during schedule 0x55d{i:x} at row-offset {i}" for i in range(20000)]
+        with tempfile.TemporaryDirectory() as h:
+            with open(f"{h}/hosts", "w") as f:
+                f.write(HOSTFILE)
+            p, calls, events, _ = self.run_job([{"print": flood + PRTE_LOST_H3}, {"complete": True}], "--hostfile",
+                                               f"{h}/hosts")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([c["n"] for c in calls], [8, 6])
+        self.assertIn("[sinew] 19980 more lines like: NBC_Progress: an error # was found during schedule #", p.stdout)
+        self.assertLess(p.stdout.count("NBC_Progress"), 30)
+
     def test_a_job_error_is_not_relaunched(self):
         p, calls, _, _ = self.run_job([{"code": 3}])
         self.assertEqual((p.returncode, len(calls)), (3, 1))
