@@ -13,10 +13,17 @@ for _ in $(seq 4800); do
   kill -0 "$job" 2>/dev/null || break
   sleep 0.25
 done
-for p in $(pgrep -f -- "$mark" || true); do
-  # (A process that has just gone has no environ: the redirection's error is the group's, hidden with it.)
-  if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
-    echo "[sinew] kill -9 $p (rank 2) at step ${step:-?}"
-    kill -9 "$p"
+# The environment of a process that may end while it is read (this script's own command substitutions
+# match MARK too, and are gone a moment later): nothing when it is gone, never an error line.
+environ_of() {
+  local e
+  e=$(cat "/proc/$1/environ" 2>/dev/null | tr '\0' '\n' 2>/dev/null) || true
+  printf '%s\n' "$e"
+}
+for p in $(pgrep -f -- "$mark" 2>/dev/null || true); do
+  [ "$p" != $$ ] || continue
+  if environ_of "$p" | grep -qx "OMPI_COMM_WORLD_RANK=2"; then
+    # Gone between the look and the kill: nothing to say.
+    kill -9 "$p" 2>/dev/null && echo "[sinew] kill -9 $p (rank 2) at step ${step:-?}"
   fi
 done

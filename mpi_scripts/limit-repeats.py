@@ -9,15 +9,59 @@ printed, and every --every seconds (and at the end) one line says how many were 
 
     [sinew] 1204331 more lines like: NBC_Progress: an error # was found during schedule # ...
 
-Lines that contain --always (the supervisor's own protocol: each leaving process's "exiting for a relaunch
-from the latest checkpoint") always pass. Exit status 0 (1 if stdout fails).
+Lines that contain an --always text always pass. Exit status 0 (1 if stdout fails). sinew-run filters the
+job's output with the same Limiter (it imports this file).
 """
 import argparse
 import re
 import sys
 import time
 
-NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
+NUMBER = re.compile(rb"0x[0-9a-fA-F]+|\d+(\.\d+)?")
+
+
+class Limiter:
+    """Writes lines (bytes) to `out` (a text stream) the way the program above does; finish() at the end."""
+
+    def __init__(self, out, keep=20, every=10.0, always=()):
+        self.out, self.keep, self.every = out, keep, every
+        self.always = [a.encode() for a in always]
+        self.seen = {}  # kind (bytes) -> lines so far
+        self.held = {}  # kind -> lines held back since the last count
+        self.last = time.monotonic()
+
+    def report(self):
+        for kind, n in self.held.items():
+            if n > 0:
+                self.out.write(f"[sinew] {n} more line{'s' if n > 1 else ''} like: "
+                               f"{kind.decode('utf-8', 'replace')}\n")
+        self.held.clear()
+
+    def feed(self, line, flush=True):
+        """One line (bytes, or text; with its newline); `flush`: flush the output after a line written.
+        Bytes all the way for a line held back: a flood costs one regular expression per line."""
+        raw = line if isinstance(line, bytes) else line.encode("utf-8", "replace")
+        wrote = True
+        if not (self.always and any(a in raw for a in self.always)):
+            kind = NUMBER.sub(b"#", raw.rstrip(b"\n"))[:200]
+            n = self.seen.get(kind, 0) + 1
+            self.seen[kind] = n
+            if n > self.keep:
+                self.held[kind] = self.held.get(kind, 0) + 1
+                wrote = False
+        if wrote:
+            self.out.write(raw.decode("utf-8", "replace"))
+        now = time.monotonic()
+        if self.held and now - self.last >= self.every:
+            self.report()
+            self.last = now
+            wrote = True
+        if wrote and flush:
+            self.out.flush()
+
+    def finish(self):
+        self.report()
+        self.out.flush()
 
 
 def main():
@@ -26,38 +70,10 @@ def main():
     ap.add_argument("--every", type=float, default=10.0, help="seconds between the held-back counts (default 10)")
     ap.add_argument("--always", action="append", default=[], help="lines containing this always pass")
     args = ap.parse_args()
-    seen = {}  # kind -> lines so far
-    held = {}  # kind -> lines held back since the last count
-    last = time.monotonic()
-    out = sys.stdout
-
-    def report():
-        for kind, n in held.items():
-            if n > 0:
-                out.write(f"[sinew] {n} more line{'s' if n > 1 else ''} like: {kind}\n")
-        held.clear()
-
+    limiter = Limiter(sys.stdout, args.keep, args.every, args.always)
     for line in sys.stdin.buffer:
-        text = line.decode("utf-8", "replace")
-        wrote = True
-        if not any(a in text for a in args.always):
-            kind = NUMBER.sub("#", text.rstrip("\n"))[:200]
-            n = seen.get(kind, 0) + 1
-            seen[kind] = n
-            if n > args.keep:
-                held[kind] = held.get(kind, 0) + 1
-                wrote = False
-        if wrote:
-            out.write(text)
-        now = time.monotonic()
-        if held and now - last >= args.every:
-            report()
-            last = now
-            wrote = True
-        if wrote:
-            out.flush()
-    report()
-    out.flush()
+        limiter.feed(line)
+    limiter.finish()
     return 0
 
 

@@ -81,6 +81,7 @@ Launch parse(const Lookup& lookup) {
     l.slurm = std::move(s);
   }
   if (const char* v = value_of(lookup, "SLURMD_NODENAME")) l.node = v;
+  if (const char* v = value_of(lookup, "SINEW_STATUS_DIR")) l.status_dir = v;
 
   // Open MPI first: under Slurm, mpirun's processes on other nodes inherit the environment of the srun
   // step that started Open MPI's daemons (SLURM_STEP_ID, and the daemon's SLURM_PROCID, not theirs).

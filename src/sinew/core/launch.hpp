@@ -71,6 +71,9 @@ struct Launch {
   int restart_count = 0;          ///< SLURM_RESTART_COUNT (0 if unset): how often Slurm requeued the job
   int sinew_generation = 0;       ///< SINEW_RESTART_GENERATION (0 if unset): sinew-supervise's relaunches
   std::string node;               ///< SLURMD_NODENAME, else (current() only) the host name
+  /// SINEW_STATUS_DIR: where the launcher (sinew-run) reads this launch's status records (core/status.hpp);
+  /// empty if not set.
+  std::string status_dir;
   /// Why SLURM_RESTART_COUNT or SINEW_RESTART_GENERATION cannot be used (not a whole number, too large);
   /// empty if both can. restart_generation() and the %r pattern throw it, nothing else does.
   std::string problem;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "sinew/core/launch.hpp"
+#include "sinew/core/status.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/mpi/check.hpp"
 
@@ -263,6 +264,9 @@ void Liveness::judge(std::vector<bool>& reported, std::vector<bool>& suspected) 
         "cut off from the others, and fences itself (SIGKILL) so that they go on without it",
         timeout_.count(), watched - heard, watched, me.pid, me.host.data());
     spdlog::default_logger()->flush();
+    // The launcher (sinew-run) leaves this host out of the relaunches of a job with a hostfile: a
+    // relaunch that includes it would fail at its start.
+    status::process().cut_off();
     fenced_.fetch_add(1);
     ::kill(::getpid(), SIGKILL);
     return;

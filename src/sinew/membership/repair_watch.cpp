@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "sinew/core/error.hpp"
+#include "sinew/core/status.hpp"
 
 namespace sinew::membership {
 
@@ -106,12 +107,16 @@ void RepairWatch::on_expired(Expired f) {
 }
 
 void RepairWatch::leave_for_relaunch(const std::string& what, std::chrono::milliseconds deadline) {
-  // One write of the whole line (stderr is unbuffered): the supervisor counts these lines, one per process
-  // that leaves this way, as it counts those of the restart mode (mpi_scripts/sinew-supervise).
+  // The launcher (mpi_scripts/sinew-run) counts the processes that leave this way by their status
+  // records (core/status.hpp), as those of the restart mode; the line is for people, one write of it
+  // (stderr is unbuffered).
+  const std::string stuck =
+      fmt::format("{} did not return within {:.1f} s", what, static_cast<double>(deadline.count()) / 1e3);
+  status::process().relaunch(status::Reason::kRepairDeadline, stuck);
   const std::string line = fmt::format(
-      "[sinew] {} did not return within {:.1f} s: stuck inside the MPI library; leaving without "
-      "MPI_Finalize, exiting for a relaunch from the latest checkpoint (exit code {})\n",
-      what, static_cast<double>(deadline.count()) / 1e3, static_cast<int>(ExitCode::kRelaunch));
+      "[sinew] {}: stuck inside the MPI library; leaving without MPI_Finalize, exiting for a relaunch from "
+      "the latest checkpoint (exit code {})\n",
+      stuck, static_cast<int>(ExitCode::kRelaunch));
   std::fputs(line.c_str(), stderr);
   std::fflush(nullptr);
   std::_Exit(static_cast<int>(ExitCode::kRelaunch));
@@ -124,6 +129,8 @@ void RepairWatch::leave_when_orphaned() {
     if (parent <= 1) return;  // started by init, or already orphaned: nothing to watch
     std::thread([parent] {
       while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      status::process().relaunch(status::Reason::kLauncherGone,
+                                 fmt::format("the launcher's process (pid {}) is gone", parent));
       const std::string line = fmt::format(
           "[sinew] the launcher's process on this node (pid {}) is gone: leaving without MPI_Finalize, "
           "exiting "

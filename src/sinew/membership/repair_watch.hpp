@@ -6,9 +6,10 @@
 // group holding a spawned member (docs/fault-tolerance.md). A process stuck there cannot be helped by
 // anything it does on the stuck thread. So each of these calls runs under a deadline of its own, watched by
 // a thread that makes no MPI call and does not depend on the call returning. Past a deadline the process
-// takes the one way out that cannot hang: it prints what was stuck and for how long, and exits at once with
-// code 75 (ExitCode::kRelaunch), without MPI_Finalize. The supervisor (mpi_scripts/sinew-supervise) then
-// relaunches the job from its newest state. Members stuck in the same call pass the same deadline within
+// takes the one way out that cannot hang: it records why for the launcher (a relaunch record, reason
+// repair-deadline: core/status.hpp), prints what was stuck and for how long, and exits at once with code 75
+// (ExitCode::kRelaunch), without MPI_Finalize. The launcher (mpi_scripts/sinew-run) then relaunches the job
+// from its newest state. Members stuck in the same call pass the same deadline within
 // moments of each other; a member that is not stuck sees one that left as one more failure.
 //
 // The deadline of a call (repair_deadline): the time in which the group notices a silent member
@@ -65,7 +66,8 @@ class RepairWatch {
   /// one line to stderr and ends the process with exit code 75 (leave_for_relaunch).
   void on_expired(Expired f);
 
-  /// The default action: "[sinew] WHAT did not return within S s ..." on stderr, then std::_Exit(75).
+  /// The default action: a relaunch record (repair-deadline), "[sinew] WHAT did not return within S s ..." on
+  /// stderr, then std::_Exit(75).
   [[noreturn]] static void leave_for_relaunch(const std::string& what, std::chrono::milliseconds deadline);
 
   /// From now on, this process leaves (exit code 75, without MPI_Finalize) within 0.2 s of its parent

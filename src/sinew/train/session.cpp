@@ -16,6 +16,7 @@
 
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/core/launch.hpp"
+#include "sinew/core/status.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
 #include "sinew/mpi/environment.hpp"
@@ -385,6 +386,7 @@ struct Session::Impl {
     if (!plan.reduces_gradients) comm_ms += ms_since(ta);
     sampler.advance(plan.total);
     state.pos().step = next;
+    status::process().set_step(next);  // the step of this process's later status records
     // Completed everywhere (a lockstep step includes every rank's gradients): the node's copy of the state.
     if (f.algorithm().lockstep()) state.mirror();
     const double step_ms = ms_since(step_start);
@@ -478,6 +480,9 @@ struct Session::Impl {
   }
 
   bool start() {
+    // The launcher's record of this process (core/status.hpp), members, spares and replacements alike.
+    if (step() > 0) status::process().set_step(step());
+    status::process().start();
     if (group.spare()) {
       // Waits without a core until the members reform the pool. Dismissed at the end: it never trained,
       // and leaves like a member that left on request.
@@ -505,7 +510,9 @@ struct Session::Impl {
         if (std::current_exception()) std::rethrow_exception(std::current_exception());
         throw e;
       }
-      // Restart mode (asked for, or no usable ULFM): the supervisor relaunches from the checkpoint.
+      // Restart mode (asked for, or no usable ULFM): the supervisor relaunches from the checkpoint. It
+      // sizes the relaunch by the survivors that say so in their status records.
+      status::process().relaunch(status::Reason::kFailure, e.message());
       SINEW_THROW(RelaunchRequest, "{}; exiting for a relaunch from the latest checkpoint (--elastic {})",
                   e.message(), name_of(kElasticNames, cfg.elastic));
     }
@@ -528,17 +535,28 @@ struct Session::Impl {
     sum.checkpoint_error = checkpoints.error();
     // Trained to the end: the node's copy of the state has served its purpose (a stop leaves it: its
     // checkpoint is as new, and a relaunch compares the two).
-    // "job complete" is also the launcher's sign (mpi_scripts/sinew-supervise) that the job has its result,
-    // whatever its exit code.
+    // The complete record is the launcher's sign (mpi_scripts/sinew-run) that the job has its result,
+    // whatever its exit code; the line is for people.
     if (ended && end == After::kContinue && !sum.below_min_ranks && sum.stopped_by_signal == 0) {
       state.drop_mirror();
-      if (fabric().rank() == 0)  // not through the log: --log-level must not hide it
+      if (fabric().rank() == 0) {
+        status::process().complete(fabric().size());
+        // Not through the log: --log-level must not hide it.
         fmt::print(stderr, "[sinew] job complete: trained to the end at step {}\n", step());
+      }
     }
     if (end != After::kLeft) group.dismiss_spares();  // training is over: the idle spares leave
     if (end == After::kLeft) {
       sum.left = true;
       return sum;
+    }
+    // A stop with exit code 75 (Summary::exit_code): the launcher relaunches at the same size.
+    if (sum.below_min_ranks) {
+      status::process().relaunch(status::Reason::kMinRanks, fmt::format("{} ranks left, below --min-ranks {}",
+                                                                        fabric().size(), cfg.min_ranks));
+    } else if (sum.stopped_by_signal != 0) {
+      status::process().relaunch(status::Reason::kStopSignal,
+                                 fmt::format("signal {}", sum.stopped_by_signal));
     }
     metrics.done(step(), fabric().size(), fabric().algorithm().name());
     teacher_feed.totals(sum, fabric().rank() == 0);
