@@ -4,9 +4,11 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <span>
 #include <string>
 
 #include "sinew/core/log.hpp"
+#include "sinew/core/timer.hpp"
 #include "sinew/membership/repair_watch.hpp"
 
 namespace sinew::train {
@@ -286,6 +288,37 @@ bool ElasticController::leave(const std::vector<bool>& leaving, const char* why)
   events_.emit(ev);
   rescale(from, "leave");
   return false;
+}
+
+/// A relaunch: if a node's mirror holds a newer state than the checkpoint just loaded (the job failed
+/// after it), the members take the newest one from the memory of the nodes that kept it.
+void ElasticController::resume_from_mirror(int generation) {
+  const auto t = Clock::now();
+  auto& f = fabric();
+  const std::int64_t checkpoint_step =
+      state_.pos().resumed != 0 ? state_.pos().step : -1;  // the same on every rank
+  const auto loaded = state_.load_mirror();
+  std::int64_t newest = loaded ? *loaded : -1;
+  f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&newest, 1)), comm::ReduceOp::kMax,
+                             setup_.op);
+  if (newest < 0) return;
+  synchronise();  // the most advanced member's state everywhere, checked equal
+  ResumeEvent ev;
+  ev.path = state_.mirror_path();
+  ev.step = state_.pos().step;
+  ev.epoch = state_.pos().epoch;
+  ev.cursor = static_cast<std::uint64_t>(state_.pos().cursor);
+  ev.world_size = f.size();
+  ev.load_ms = seconds_since(t) * 1e3;
+  ev.generation = generation;
+  events_.emit(ev);
+  if (f.rank() == 0) {
+    spdlog::info("resumed from the state kept in node memory ({}): step {}, epoch {}, sample {}{}", ev.path,
+                 ev.step, ev.epoch + 1, ev.cursor,
+                 checkpoint_step >= 0
+                     ? fmt::format(" ({} steps after the checkpoint)", ev.step - checkpoint_step)
+                     : " (no checkpoint)");
+  }
 }
 
 }  // namespace sinew::train

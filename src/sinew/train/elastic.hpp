@@ -53,6 +53,9 @@ class ElasticController {
   /// Collective over the survivors, after `e`: see above. Retried until it succeeds; throws only what
   /// cannot be recovered (e.g. no ULFM: CommFailure).
   RecoveryReport recover(const CommFailure& e);
+  /// A relaunch (collective): if a node's copy of the state (--state-mirror) is newer than the checkpoint
+  /// just loaded, every member takes the newest one from the nodes that kept it (`generation`: the launch's).
+  void resume_from_mirror(int generation);
   /// Collective: spawns members up to `target`. A spawn that fails with every member alive (no free
   /// slots) leaves the group at its size and does not try again (a grow event with the error).
   void grow_to(int target, const char* why);

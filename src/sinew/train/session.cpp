@@ -145,7 +145,7 @@ struct Session::Impl {
       state.take_rank0(fabric().backend(), setup.op);
       work.to_device();
       checkpoints.resume(fabric());
-      if (state.mirrored() && cfg.resume == "auto") resume_from_mirror();
+      if (state.mirrored() && cfg.resume == "auto") elastic.resume_from_mirror(generation);
       lr.start(state.pos(), group.size());
       if (!fabric().algorithm().lockstep()) state.mark_agreed();
     }
@@ -160,35 +160,6 @@ struct Session::Impl {
 
   Fabric& fabric() { return elastic.fabric(); }
 
-  /// A relaunch: if a node's mirror holds a newer state than the checkpoint just loaded (the job failed
-  /// after it), the members take the newest one from the memory of the nodes that kept it.
-  void resume_from_mirror() {
-    const auto t = Clock::now();
-    auto& f = fabric();
-    const std::int64_t checkpoint_step = state.pos().resumed != 0 ? step() : -1;  // the same on every rank
-    const auto loaded = state.load_mirror();
-    std::int64_t newest = loaded ? *loaded : -1;
-    f.backend().allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(&newest, 1)), comm::ReduceOp::kMax,
-                               setup.op);
-    if (newest < 0) return;
-    elastic.synchronise();  // the most advanced member's state everywhere, checked equal
-    ResumeEvent ev;
-    ev.path = state.mirror_path();
-    ev.step = state.pos().step;
-    ev.epoch = state.pos().epoch;
-    ev.cursor = static_cast<std::uint64_t>(state.pos().cursor);
-    ev.world_size = f.size();
-    ev.load_ms = ms_since(t);
-    ev.generation = generation;
-    events.emit(ev);
-    if (f.rank() == 0) {
-      spdlog::info("resumed from the state kept in node memory ({}): step {}, epoch {}, sample {}{}", ev.path,
-                   ev.step, ev.epoch + 1, ev.cursor,
-                   checkpoint_step >= 0
-                       ? fmt::format(" ({} steps after the checkpoint)", ev.step - checkpoint_step)
-                       : " (no checkpoint)");
-    }
-  }
   [[nodiscard]] std::int64_t step() const { return state.pos().step; }
 
   FabricSetup fabric_setup() {
