@@ -309,6 +309,7 @@ def init(**options):
     checkpoint_dir="ckpt", checkpoint_every=200, audit_dir="audit"); the launcher's (sinew-run --spares 1 --
     python3 train.py) come through the environment. Unknown keywords and bad values raise sinew.UsageError
     naming them. The script's own command line is never read."""
+    _install_early_excepthook()
     return Job(_from_init=True, **options)
 
 
@@ -478,6 +479,25 @@ def _install_exit_handlers(job):
 
     sys.excepthook = excepthook
     atexit.register(_at_exit, job)
+
+
+def _install_early_excepthook():
+    """Before the job exists (a bad option is refused before MPI starts): an uncaught sinew.Error still
+    ends the process with one line and its exit code (2 for a usage error), as it does later."""
+    if _installed or getattr(sys.excepthook, "_sinew_early", False):
+        return
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        if isinstance(value, Error) and not _installed:
+            code = int(getattr(value, "exit_code", 1))
+            print(f"[sinew] error: {value}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(code)
+        previous(kind, value, tb)
+
+    excepthook._sinew_early = True
+    sys.excepthook = excepthook
 
 
 def _safe_rank(job):

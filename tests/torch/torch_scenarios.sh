@@ -16,7 +16,8 @@
 #   torch-optimizer    torch.optim.SGD equals Sinew's SGD; torch.optim.Adam's state survives a kill
 #   restart-debian     restart mode (sinew-supervise) under Debian's Open MPI 4.1, a rank killed
 #   pip-install        pip install from the source tree without a network; a job from the installed copy
-#   bad-input          different models on the ranks, a float64 model, another model's checkpoint
+#   bad-input          an unknown sinew.init() keyword, different models on the ranks, a float64 model,
+#                      another model's checkpoint
 # The script's own loop (tests/torch/own_loop.py: zero_grad/backward/step, torch.optim, StepLR, DataLoader):
 #   loop-equivalence   4 ranks with batch b reach the parameters of 1 process with batch 4b
 #   loop-reference     the failure-free 4-rank run the loop-kill scenarios compare with (a fixture)
@@ -311,6 +312,13 @@ PY
     grep -q "$d/site/sinew" <("$python" -c "import sinew; print(sinew.__file__)") || fail "not the installed copy"
     ;;
   bad-input)
+    # An option spelled the script's way and not caught: one line and exit 2 (a usage error), no traceback.
+    timeout 60 "$python" -c 'import sinew; sinew.init(learning_rate=0.1)' >"$d/out.txt" 2>&1
+    rc=$?
+    [ $rc -eq 2 ] || fail "an unknown keyword in sinew.init(): exit $rc, expected 2"
+    grep -q "^\[sinew\] error: sinew.init(): unknown keyword 'learning_rate'" "$d/out.txt" \
+      || fail "an unknown keyword in sinew.init(): no one-line error"
+    ! grep -q Traceback "$d/out.txt" || fail "an unknown keyword in sinew.init(): a traceback"
     run 2 120 --model mlp --width-on-rank 1:80 -- "${common[@]}" "${std[@]}"
     rc=$?
     [ $rc -eq 2 ] || fail "different models: exit $rc, expected 2"
