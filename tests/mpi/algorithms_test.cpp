@@ -160,10 +160,12 @@ struct Rig {
         optimizer(&work.optimizer()) {
     comm::Options op;
     op.timeout = 30s;  // a hang fails the test long before ctest's deadline
-    algorithm = algo::make_algorithm(
-        opts,
-        algo::Context{
-            .backend = backend, .workload = work, .op = op, .compute_ms = [] { return 1.0; }, .event = {}});
+    algorithm = algo::make_algorithm(opts, algo::Context{.backend = backend,
+                                                         .workload = work,
+                                                         .op = op,
+                                                         .compute_ms = [] { return 1.0; },
+                                                         .event = {},
+                                                         .optimizer_step = {}});
   }
   [[nodiscard]] int rank() const { return backend.rank(); }
   [[nodiscard]] int size() const { return backend.size(); }

@@ -118,7 +118,12 @@ std::unique_ptr<Algorithm> make_auto(AlgorithmOptions o, Context ctx) {
 
 }  // namespace
 
-void Algorithm::step(std::int64_t, float lr) { ctx_.workload.optimizer_step(lr); }
+void Algorithm::step(std::int64_t, float lr) {
+  if (ctx_.optimizer_step)
+    ctx_.optimizer_step(lr);
+  else
+    ctx_.workload.optimizer_step(lr);
+}
 
 void Algorithm::after_step(std::int64_t) {}
 

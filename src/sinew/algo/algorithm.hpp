@@ -132,6 +132,9 @@ struct Context {
   std::function<double()> compute_ms;
   /// Writes an event line to the run's metrics (rank 0) and the log.
   std::function<void(const nlohmann::json&)> event;
+  /// The optimiser step with a learning rate, where the runtime keeps the optimiser (a sharded state,
+  /// train/shards.hpp); empty: the workload's own (Workload::optimizer_step).
+  std::function<void(float lr)> optimizer_step;
 };
 
 class Algorithm {

@@ -38,9 +38,12 @@ struct TrainingState {
 /// One tensor of the state to save, by reference: either the whole tensor (the same on every rank, as the
 /// model in data-parallel training) or, with `per_rank`, this rank's block of a tensor whose blocks differ
 /// between ranks (the whole tensor is the blocks of all ranks in rank order, each of the same size).
+/// With `whole` > 0, `data` is this rank's slice of a whole tensor of `whole` elements (the writer's
+/// balanced slice: a sharded state's own shard, train/shards.hpp), the other slices being other ranks'.
 struct TensorRef {
   std::span<const float> data;
   bool per_rank = false;
+  std::uint64_t whole = 0;
 };
 /// The state to save without copying it first: `meta` holds every field but the tensors.
 struct StateRef {

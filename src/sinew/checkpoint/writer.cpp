@@ -218,8 +218,9 @@ std::unique_ptr<Writer::Plan> Writer::prepare(const StateRef& state) {
   plan->path = path;
   for (const auto& [name, ref] : state.tensors) {
     plan->names.push_back(name);
-    plan->sizes.push_back(ref.per_rank ? ref.data.size() * static_cast<std::uint64_t>(backend_.size())
-                                       : ref.data.size());
+    plan->sizes.push_back(ref.whole > 0  ? ref.whole
+                          : ref.per_rank ? ref.data.size() * static_cast<std::uint64_t>(backend_.size())
+                                         : ref.data.size());
   }
   // The names are checked like a TrainingState's (no empty names, no newlines, no leading '/').
   TrainingState names_only;
@@ -242,7 +243,10 @@ std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& s
     // A per-rank tensor's slice for this rank is exactly this rank's block (its size is world x block).
     SINEW_ENFORCE(!ref.per_rank || count == ref.data.size(),
                   "per-rank tensor blocks must have the same size");
-    slices.emplace_back(ref.per_rank ? ref.data.data() : ref.data.data() + begin, count);
+    // A rank's own slice of a whole tensor (a sharded state) is exactly its slice.
+    SINEW_ENFORCE(ref.whole == 0 || count == ref.data.size(),
+                  "tensor {}: a slice of {} elements, {} expected", plan.names[t], ref.data.size(), count);
+    slices.emplace_back(ref.per_rank || ref.whole > 0 ? ref.data.data() : ref.data.data() + begin, count);
     bytes += count * sizeof(float);
   }
   h5::Image recycled;

@@ -15,8 +15,20 @@
 namespace sinew::model {
 
 ModelWorkload::ModelWorkload(Model net, std::unique_ptr<optim::Optimizer> optimizer,
-                             const data::Dataset& train, const data::Dataset& test)
-    : net_(std::move(net)), optimizer_(std::move(optimizer)), train_(train), test_(test) {}
+                             const data::Dataset& train, const data::Dataset& test,
+                             std::string optimizer_name)
+    : net_(std::move(net)),
+      optimizer_(std::move(optimizer)),
+      optimizer_name_(std::move(optimizer_name)),
+      train_(train),
+      test_(test) {}
+
+void ModelWorkload::optimizer_step(float lr) {
+  if (!optimizer_)
+    SINEW_THROW(InternalError,
+                "the workload's optimiser step, but its state is sharded (the runtime steps it)");
+  optimizer_->step(net_.params(), net_.grads(), lr);
+}
 
 std::string ModelWorkload::describe() const {
   return fmt::format("{} ({} parameters)", net_.spec(), net_.num_params());
@@ -66,6 +78,12 @@ std::unique_ptr<workload::Workload> make_workload(const workload::ModelSpec& o, 
   const data::Dataset& train = data.train;
   const data::Dataset& test = data.test;
   Model net = Model::build(o.model, {train.channels, train.height, train.width}, train.num_classes, o.seed);
+  if (o.shard_optimizer) {
+    if (o.device == "cuda")
+      SINEW_THROW(InvalidArgument, "--shard optimizer: not on a GPU yet (--device cuda); use --shard none");
+    optim::make_optimizer(o.optimizer, 0);  // its options are checked here
+    return std::make_unique<ModelWorkload>(std::move(net), nullptr, train, test, o.optimizer.name);
+  }
   auto optimizer = optim::make_optimizer(o.optimizer, net.num_params());
   if (o.device == "cuda") {
 #if SINEW_HAVE_CUDA

@@ -19,9 +19,11 @@ namespace sinew::model {
 /// The model on the CPU: forward and backward with Eigen, the fused optimiser over the flat buffers.
 class ModelWorkload final : public workload::Workload {
  public:
-  /// `train` and `test` are not copied: they must outlive the workload.
+  /// `train` and `test` are not copied: they must outlive the workload. A null `optimizer`: the runtime
+  /// keeps the optimiser's state, sharded over the ranks (--shard optimizer, train/shards.hpp), and steps
+  /// it; this workload then has none (has_optimizer() false), and `optimizer_name` names it.
   ModelWorkload(Model net, std::unique_ptr<optim::Optimizer> optimizer, const data::Dataset& train,
-                const data::Dataset& test);
+                const data::Dataset& test, std::string optimizer_name = {});
 
   [[nodiscard]] Model& model() noexcept { return net_; }
   [[nodiscard]] optim::Optimizer& optimizer() noexcept { return *optimizer_; }
@@ -34,17 +36,25 @@ class ModelWorkload final : public workload::Workload {
   [[nodiscard]] std::string description_json() const override { return net_.description_json(); }
   [[nodiscard]] std::span<float> params() override { return net_.params(); }
   [[nodiscard]] std::span<float> grads() override { return net_.grads(); }
-  [[nodiscard]] std::string optimizer_name() const override { return optimizer_->name(); }
-  [[nodiscard]] NamedSpans optimizer_state() override { return optimizer_->state(); }
-  [[nodiscard]] std::int64_t optimizer_steps() const override { return optimizer_->steps(); }
-  void set_optimizer_steps(std::int64_t steps) override { optimizer_->set_steps(steps); }
-  void optimizer_step(float lr) override { optimizer_->step(net_.params(), net_.grads(), lr); }
+  [[nodiscard]] std::string optimizer_name() const override {
+    return optimizer_ ? optimizer_->name() : optimizer_name_;
+  }
+  [[nodiscard]] bool has_optimizer() const override { return optimizer_ != nullptr; }
+  [[nodiscard]] NamedSpans optimizer_state() override {
+    return optimizer_ ? optimizer_->state() : NamedSpans{};
+  }
+  [[nodiscard]] std::int64_t optimizer_steps() const override { return optimizer_ ? optimizer_->steps() : 0; }
+  void set_optimizer_steps(std::int64_t steps) override {
+    if (optimizer_) optimizer_->set_steps(steps);
+  }
+  void optimizer_step(float lr) override;
   float train(const workload::MicroBatch& batch, const workload::TrainHooks& hooks) override;
   workload::EvalSums evaluate(std::span<const std::size_t> indices) override;
 
  private:
   Model net_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::string optimizer_name_;
   const data::Dataset& train_;
   const data::Dataset& test_;
   Matrix x_, dlogits_;  // kept between calls: resized only when the batch size changes

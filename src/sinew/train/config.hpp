@@ -26,6 +26,14 @@ enum class ElasticMode : std::uint8_t {
 inline constexpr NameTable<ElasticMode, 3> kElasticNames{
     {{ElasticMode::kOff, "off"}, {ElasticMode::kInplace, "inplace"}, {ElasticMode::kRestart, "restart"}}};
 
+/// --shard: which part of the training state is sharded over the ranks (docs/sharding.md). The names are
+/// the four stages; gradients and parameters (ZeRO-2, ZeRO-3) are refused until they exist.
+enum class ShardStage : std::uint8_t { kNone, kOptimizer, kGradients, kParameters };
+inline constexpr NameTable<ShardStage, 4> kShardNames{{{ShardStage::kNone, "none"},
+                                                       {ShardStage::kOptimizer, "optimizer"},
+                                                       {ShardStage::kGradients, "gradients"},
+                                                       {ShardStage::kParameters, "parameters"}}};
+
 /// --lr-scaling: how the learning rate follows the global batch on a resize.
 enum class LrScaling : std::uint8_t { kNone, kLinear, kSqrt };
 inline constexpr NameTable<LrScaling, 3> kLrScalingNames{
@@ -49,7 +57,9 @@ struct Config {
   float momentum = 0.9f;
   float weight_decay = 0.f;
   bool nesterov = false;
-  std::string lr_schedule = "cosine";  ///< constant | step | cosine
+  std::string lr_schedule = "cosine";    ///< constant | step | cosine
+  ShardStage shard = ShardStage::kNone;  ///< --shard: none | optimizer (ZeRO-1, train/shards.hpp)
+  int shard_replicas = 2;                ///< --shard-replicas: holders of each shard's state
   std::int64_t warmup_steps = 50;
   std::int64_t lr_step_size = 1000;
   float lr_gamma = 0.1f;

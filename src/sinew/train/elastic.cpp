@@ -268,6 +268,7 @@ bool ElasticController::leave(const std::vector<bool>& leaving, const char* why)
   const int from = fabric_->size();
   const bool me = leaving[static_cast<std::size_t>(fabric_->rank())];
   fabric_->algorithm().consensus();  // what the leaving ranks learned stays with the group
+  state_.hand_over(fabric_->backend(), setup_.op, leaving);  // and their shards of a sharded state
   if (me) spdlog::info("leaving the group at step {} ({})", state_.pos().step, why);
   fabric_.reset();
   if (group_.pooled()) {

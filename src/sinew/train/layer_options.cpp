@@ -19,7 +19,9 @@ optim::OptimizerOptions optimizer_options(const Config& c) {
   return {c.optimizer, c.momentum, c.weight_decay, c.nesterov};
 }
 
-workload::ModelSpec model_spec(const Config& c) { return {c.model, optimizer_options(c), c.device, c.seed}; }
+workload::ModelSpec model_spec(const Config& c) {
+  return {c.model, optimizer_options(c), c.device, c.seed, c.shard == ShardStage::kOptimizer};
+}
 
 algo::AlgorithmOptions algorithm_options(const Config& c) {
   algo::AlgorithmOptions o;

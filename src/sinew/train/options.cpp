@@ -23,6 +23,9 @@ namespace sinew::train {
 void validate(boost::any& v, const std::vector<std::string>& values, ElasticMode*, int) {
   v = parse_name(kElasticNames, po::validators::get_single_string(values), "--elastic");
 }
+void validate(boost::any& v, const std::vector<std::string>& values, ShardStage*, int) {
+  v = parse_name(kShardNames, po::validators::get_single_string(values), "--shard");
+}
 void validate(boost::any& v, const std::vector<std::string>& values, LrScaling*, int) {
   v = parse_name(kLrScalingNames, po::validators::get_single_string(values), "--lr-scaling");
 }
@@ -92,7 +95,17 @@ po::options_description describe(Config& c, std::string& config_file) {
       "warmup-steps", po::value(&c.warmup_steps)->default_value(c.warmup_steps), "linear warm-up steps")(
       "lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size),
       "steps between decays (step schedule)")("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma),
-                                              "decay factor (step schedule)");
+                                              "decay factor (step schedule)")(
+      "shard",
+      po::value(&c.shard)
+          ->default_value(c.shard, std::string(name_of(kShardNames, c.shard)))
+          ->value_name("STAGE"),
+      "none: every rank holds the whole optimiser state | optimizer: each rank holds its shards of it "
+      "(ZeRO-1), each shard on --shard-replicas ranks, so that a failed rank's shard is rebuilt from memory "
+      "(docs/sharding.md)")(
+      "shard-replicas", po::value(&c.shard_replicas)->default_value(c.shard_replicas)->value_name("R"),
+      "--shard optimizer: ranks holding each shard's state (1: no redundancy, a failure means a relaunch "
+      "from the newest checkpoint)");
   // The algorithms' list, from the one table (algo::kAlgorithms).
   static const std::string algorithm_help = [] {
     std::string h = "one of (docs/algorithms.md):";
@@ -361,6 +374,29 @@ void validate_distill(const Config& c) {
 }
 }  // namespace
 
+namespace {
+/// --shard: what exists, and what it combines with (docs/sharding.md's table).
+void validate_shard(const Config& c) {
+  if (c.shard_replicas < 1 || c.shard_replicas > 64)
+    SINEW_THROW(InvalidArgument, "--shard-replicas must be in [1, 64], got {}", c.shard_replicas);
+  if (c.shard == ShardStage::kGradients || c.shard == ShardStage::kParameters) {
+    SINEW_THROW(InvalidArgument,
+                "--shard {}: not available yet (sharded gradients and parameters, ZeRO-2 and ZeRO-3, are "
+                "planned); --shard optimizer shards the optimiser state",
+                name_of(kShardNames, c.shard));
+  }
+  if (c.shard == ShardStage::kNone) return;
+  if (c.algorithm != algo::Kind::kGradientAllreduce && c.algorithm != algo::Kind::kByteGrad) {
+    SINEW_THROW(InvalidArgument,
+                "--shard optimizer combines with --algorithm gradient_allreduce or bytegrad (each rank "
+                "updates its shards from the reduced gradients), not with {}: use --shard none",
+                name_of(algo::kAlgorithmNames, c.algorithm));
+  }
+  if (c.device == "cuda")
+    SINEW_THROW(InvalidArgument, "--shard optimizer: not on a GPU yet (--device cuda); use --shard none");
+}
+}  // namespace
+
 void validate(const Config& c) {
   if (c.epochs < 1) SINEW_THROW(InvalidArgument, "--epochs must be >= 1, got {}", c.epochs);
   if (c.max_steps < 0) SINEW_THROW(InvalidArgument, "--max-steps must be >= 0, got {}", c.max_steps);
@@ -388,6 +424,7 @@ void validate(const Config& c) {
   }
   if (c.log_every < 1) SINEW_THROW(InvalidArgument, "--log-every must be >= 1, got {}", c.log_every);
   one_of(c.optimizer, {"sgd", "adam"}, "--optimizer");
+  validate_shard(c);
   one_of(c.lr_schedule, {"constant", "step", "cosine"}, "--lr-schedule");
   one_of(c.dataset, {"fashion-mnist", "mnist", "csv", "synthetic"}, "--dataset");
   one_of(c.peer_selection, {"all", "shift_one"}, "--peer-selection");
@@ -480,6 +517,8 @@ nlohmann::json to_json(const Config& c) {
           {"weight_decay", c.weight_decay},
           {"nesterov", c.nesterov},
           {"lr_schedule", c.lr_schedule},
+          {"shard", std::string(name_of(kShardNames, c.shard))},
+          {"shard_replicas", c.shard_replicas},
           {"warmup_steps", c.warmup_steps},
           {"lr_step_size", c.lr_step_size},
           {"lr_gamma", c.lr_gamma},

@@ -13,6 +13,7 @@
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
+#include "sinew/train/shards.hpp"
 #include "sinew/train/state_mirror.hpp"
 #include "sinew/workload/workload.hpp"
 
@@ -73,9 +74,17 @@ ReplicatedState::ReplicatedState(workload::Workload& work, data::DistributedSamp
 
 ReplicatedState::~ReplicatedState() = default;
 
-void ReplicatedState::attach_mirror(const std::string& dir) {
+std::string ReplicatedState::attach_mirror(const std::string& dir) {
+  // The node's copy holds whole tensors and the position only.
+  if (shards_ != nullptr) return "with --shard optimizer (each member holds other shards)";
+  if (work_.on_device()) return "for a workload on a GPU (a copy to the host every step)";
+  // A relaunch from it would lose the state beside the tensors (a script's LR scheduler) and train on
+  // with a wrong one. The checkpoint holds it.
+  if (work_.has_extra_state())
+    return "for a script's own loop (its scheduler and registered state are not in the node's copy)";
   mirror_ =
       std::make_unique<StateMirror>(dir, StateMirror::layout_hash(tensors(), sampler_.dataset_size(), seed_));
+  return {};
 }
 
 void ReplicatedState::mirror() {
@@ -119,14 +128,17 @@ std::string ReplicatedState::mirror_path() const { return mirror_ ? mirror_->pat
 const Position& ReplicatedState::position() {
   pos_.epoch = sampler_.epoch();
   pos_.cursor = static_cast<std::int64_t>(sampler_.cursor());
-  pos_.optimizer_steps = work_.optimizer_steps();
+  pos_.optimizer_steps = shards_ != nullptr ? shards_->steps() : work_.optimizer_steps();
   return pos_;
 }
 
 void ReplicatedState::restore(const Position& p) {
   pos_ = p;
   sampler_.set_position(p.epoch, static_cast<std::size_t>(p.cursor));
-  work_.set_optimizer_steps(p.optimizer_steps);
+  if (shards_ != nullptr)
+    shards_->set_steps(p.optimizer_steps);
+  else
+    work_.set_optimizer_steps(p.optimizer_steps);
 }
 
 std::vector<std::pair<std::string, std::span<float>>> ReplicatedState::tensors() {
@@ -144,6 +156,14 @@ checkpoint::StateRef ReplicatedState::snapshot_ref(algo::Algorithm& algorithm, i
   checkpoint::StateRef st;
   for (const auto& [name, buf] : tensors()) st.tensors[name] = {buf, false};
   for (const auto& [name, buf] : algorithm.rank_state()) st.tensors[name] = {buf, true};
+  if (shards_ != nullptr) {
+    // Each member writes its own shard of the optimiser state, which is exactly its slice of the whole
+    // tensor in the file (the writer's slices are the shards' layout), and of the parameters.
+    SINEW_ENFORCE(shards_->layout().world == world, "checkpoint over {} ranks, shards laid out over {}",
+                  world, shards_->layout().world);
+    for (const auto& [name, buf] : shards_->own_state())
+      st.tensors["optim/" + name] = {buf, false, shards_->layout().total};
+  }
   st.meta.step = p.step;
   st.meta.epoch = p.epoch;
   st.meta.cursor = static_cast<std::uint64_t>(p.cursor);
@@ -249,6 +269,34 @@ checkpoint::ManifestInfo ReplicatedState::load(const std::string& path, algo::Al
       targets.push_back({name, 0, averaged.back().all});
     }
   }
+  if (shards_ != nullptr) {
+    // The held shards of the optimiser state, each read from its range of the whole tensor.
+    for (const auto& h : shards_->held()) {
+      for (const auto& [short_name, buf] : h.opt->state()) {
+        const std::string name = "optim/" + short_name;
+        const auto size = size_of(name);
+        if (!size) {
+          SINEW_THROW(CheckpointError, "{} has no tensor '{}': was it written with another --optimizer?",
+                      path, name);
+        }
+        if (*size != shards_->layout().total) {
+          SINEW_THROW(CheckpointError, "{}: tensor '{}' has {} elements, this run needs {}", path, name,
+                      *size, shards_->layout().total);
+        }
+        if (!relaid) {
+          targets.push_back({name, h.range.offset, buf});
+          continue;
+        }
+        for (const auto& [from, to] : moves) {  // the pieces of the held range, from where the file has them
+          const std::size_t lo = std::max(to.offset, h.range.offset);
+          const std::size_t hi = std::min(to.end(), h.range.end());
+          if (hi > lo)
+            targets.push_back(
+                {name, from.offset + (lo - to.offset), buf.subspan(lo - h.range.offset, hi - lo)});
+        }
+      }
+    }
+  }
   checkpoint::load_into(path, targets);
   for (auto& [buf, all] : averaged) {
     const std::size_t blocks = all.size() / buf.size();
@@ -273,6 +321,43 @@ void ReplicatedState::take_rank0(comm::Backend& backend, const comm::Options& op
   // Same seed gives the same initial weights everywhere; the broadcast makes it a guarantee, as DDP does.
   backend.broadcast_sync(comm::Buffer::of(work_.params()), 0, op);
   for (const auto& [name, buf] : work_.buffers()) backend.broadcast_sync(comm::Buffer::of(buf), 0, op);
+}
+
+void ReplicatedState::reshard(comm::Backend& backend, const comm::Options& op, int root,
+                              std::int64_t own_step, std::int64_t top, const Position& root_pos) {
+  // A member whose reduction of step `top` failed is one step behind the members that completed it (a
+  // step's update is the last thing it does, train/session.cpp): it repeats that step's update on its
+  // shards with the reduced gradients and the learning rate of the root, which completed it, and takes
+  // the root's position at once, so that a failure during the reshard below cannot make it step twice.
+  const bool behind = shards_->arranged() && own_step < top;
+  if (behind && own_step != top - 1) {
+    SINEW_THROW(InternalError, "a member with shards at step {} while another completed step {}", own_step,
+                top);
+  }
+  std::int64_t any[1] = {behind ? 1 : 0};
+  backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(any)), comm::ReduceOp::kMax, op);
+  if (any[0] != 0) {
+    float lr[1] = {shards_->last_lr()};
+    backend.broadcast_sync(comm::Buffer::of(std::span<float>(lr)), root, op);
+    backend.broadcast_sync(comm::Buffer::of(work_.grads()), root, op);
+    if (behind) {
+      shards_->step(work_.params(), work_.grads(), lr[0]);
+      restore(root_pos);
+    }
+  }
+  shards_->reshard(backend, work_.params(), op, backend.rank(), backend.size());
+}
+
+void ReplicatedState::hand_over(comm::Backend& backend, const comm::Options& op,
+                                const std::vector<bool>& leaving) {
+  if (shards_ == nullptr) return;
+  int stay = 0, me = -1;
+  for (std::size_t r = 0; r < leaving.size(); ++r) {
+    if (leaving[r]) continue;
+    if (static_cast<int>(r) == backend.rank()) me = stay;
+    ++stay;
+  }
+  shards_->reshard(backend, work_.params(), op, me, stay);
 }
 
 void ReplicatedState::mark_agreed() {
@@ -300,8 +385,10 @@ double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options&
   std::int64_t src[1] = {at_top ? backend.rank() : std::numeric_limits<std::int64_t>::max()};
   backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(src)), comm::ReduceOp::kMin, op);
   const int root = static_cast<int>(src[0]);
+  const std::int64_t own_step = p.step;
   auto bytes = std::as_writable_bytes(std::span<Position>(&p, 1));
   backend.broadcast_sync(comm::Buffer::of(bytes), root, op);
+  if (shards_ != nullptr) reshard(backend, op, root, own_step, top[0], p);
   const auto all = tensors();
   if (top[1] != 0) {
     // Rewound members each hold their own model of the agreed step (their ranks step on their own:
@@ -316,8 +403,10 @@ double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options&
       for (auto& x : buf) x /= count[0];
     }
   }
-  // After an average too: a reduction need not round the same way on every rank.
-  for (const auto& [name, buf] : all) backend.broadcast_sync(comm::Buffer::of(buf), root, op);
+  // After an average too: a reduction need not round the same way on every rank. (Sharded: the parameters
+  // are whole and equal after the reshard; the checksum below says so.)
+  for (const auto& [name, buf] : all)
+    if (shards_ == nullptr || name != "params") backend.broadcast_sync(comm::Buffer::of(buf), root, op);
   restore(p);
   work_.to_device();
   // Consistency: a checksum of everything that must be equal, compared as (max, -min).

@@ -40,6 +40,7 @@ class Workload;
 
 namespace sinew::train {
 
+class ShardedOptimizer;
 class StateMirror;
 
 /// The state of one member: the Position plus the workload's and sampler's own state, which it reads and
@@ -101,9 +102,21 @@ class ReplicatedState {
   /// everyone's, as DDP does at construction.
   void take_rank0(comm::Backend& backend, const comm::Options& op);
 
+  /// `--shard optimizer`: the optimiser's state lives in `shards` (train/shards.hpp; not owned), each member
+  /// holding its shards of it, instead of whole in the workload. From then on checkpoints take each member's
+  /// own shard, load() reads the held shards, and synchronise() reshards over the new view.
+  void attach_shards(ShardedOptimizer* shards) noexcept { shards_ = shards; }
+
+  /// Collective over the view before the members marked in `leaving` (by rank) leave it: with sharded
+  /// state, the staying members take the whole of it over, laid out over them (a leave loses nothing
+  /// whatever the redundancy). Nothing without shards.
+  void hand_over(comm::Backend& backend, const comm::Options& op, const std::vector<bool>& leaving);
+
   /// From now on the state is mirrored into node-local memory, DIR/state-HOST.bin (state_mirror.hpp), by the
   /// processes set as writers (one per node). Not for a workload on a GPU.
-  void attach_mirror(const std::string& dir);
+  /// Returns why not, for the log, where the state cannot be mirrored (then it is not): a sharded state, a
+  /// workload on a GPU, state beside the tensors.
+  std::string attach_mirror(const std::string& dir);
   [[nodiscard]] bool mirrored() const noexcept { return mirror_ != nullptr; }
   /// Whether this process writes its node's mirror (the view's lowest rank on the node).
   void set_mirror_writer(bool writer) noexcept { mirror_writer_ = writer; }
@@ -120,6 +133,9 @@ class ReplicatedState {
 
  private:
   void restore(const Position& p);
+  /// synchronise()'s part for sharded optimiser state (attach_shards()).
+  void reshard(comm::Backend& backend, const comm::Options& op, int root, std::int64_t own_step,
+               std::int64_t top, const Position& root_pos);
 
   workload::Workload& work_;
   data::DistributedSampler& sampler_;
@@ -127,6 +143,7 @@ class ReplicatedState {
   Position pos_;
   std::optional<Position> agreed_pos_;  // mark_agreed()
   std::vector<std::vector<float>> agreed_;
+  ShardedOptimizer* shards_ = nullptr;
   std::unique_ptr<StateMirror> mirror_;
   bool mirror_writer_ = false;
 };

@@ -32,6 +32,7 @@
 #include "sinew/train/replicated_state.hpp"
 #include "sinew/train/rescale.hpp"
 #include "sinew/train/run_metrics.hpp"
+#include "sinew/train/shards.hpp"
 
 namespace sinew::train {
 
@@ -54,6 +55,8 @@ struct Session::Impl {
   SessionParts parts;
   fault::Plan faults;
   data::DistributedSampler sampler;
+  /// --shard optimizer: this member's shards of the optimiser state (the workload has none).
+  std::unique_ptr<ShardedOptimizer> shards;
   ReplicatedState state;
   Events events;
   AuditLog audit;
@@ -84,6 +87,7 @@ struct Session::Impl {
         parts(std::move(p)),
         faults(cfg.inject_fault, group.launch_rank(), generation),
         sampler(parts.train_size, cfg.seed, cfg.shuffle),
+        shards(make_sharded_optimizer(cfg, work)),
         state(work, sampler, cfg.seed),
         // A relaunch (sinew-supervise's restart mode, a requeued Slurm job) appends to the first launch's
         // metrics.
@@ -107,23 +111,11 @@ struct Session::Impl {
       SINEW_THROW(InvalidArgument,
                   "--algorithm auto needs a measure of a step's computation; this driver "
                   "gives none: choose the algorithm");
+    state.attach_shards(shards.get());
     if (!cfg.state_mirror.empty()) {
-      if (work.on_device()) {
-        if (group.rank() == 0)
-          spdlog::warn(
-              "--state-mirror: a workload on a GPU is not mirrored (a copy to the host every step); "
-              "a relaunch starts from the latest checkpoint");
-      } else if (work.has_extra_state()) {
-        // The node's copy holds tensors and the position only: a relaunch from it would lose the state
-        // beside them (the script's LR scheduler) and train on with a wrong one. The checkpoint holds it.
-        if (group.rank() == 0 && group.role() == membership::Role::kInitial)
-          spdlog::info(
-              "--state-mirror: off for a script's own loop (its scheduler and registered state are not in "
-              "the "
-              "node's copy); a relaunch starts from the latest checkpoint");
-      } else {
-        state.attach_mirror(cfg.state_mirror);
-      }
+      const std::string off = state.attach_mirror(cfg.state_mirror);
+      if (!off.empty() && group.rank() == 0 && group.role() == membership::Role::kInitial)
+        spdlog::info("--state-mirror: off {}; a relaunch starts from the newest checkpoint", off);
     }
     if (group.spare()) {
       // A hot spare: the data and the model are loaded; it waits in start() until it is promoted.
@@ -142,6 +134,7 @@ struct Session::Impl {
       }
     } else {
       elastic.connect();
+      if (shards) arrange_shards();
       state.take_rank0(fabric().backend(), setup.op);
       work.to_device();
       checkpoints.resume(fabric());
@@ -160,6 +153,17 @@ struct Session::Impl {
 
   Fabric& fabric() { return elastic.fabric(); }
 
+  /// A first launch: this member's shards.
+  void arrange_shards() {
+    shards->arrange(fabric().rank(), fabric().size());
+    if (fabric().rank() == 0) spdlog::info("{}", describe(*shards));
+  }
+
+  /// The parameters whole on this member: after a sharded update, each owner's range from its owner.
+  void gather_shards() {
+    if (shards && shards->stale()) shards->gather(fabric().backend(), work.params(), setup.op);
+  }
+
   [[nodiscard]] std::int64_t step() const { return state.pos().step; }
 
   FabricSetup fabric_setup() {
@@ -174,6 +178,8 @@ struct Session::Impl {
         spdlog::info("algorithm: {} ({})", ev.value("chosen", ""), ev.value("reason", ""));
     };
     if (work.on_device()) s.attach_device = [this](comm::Backend& view) { return attach_device(view); };
+    if (cfg.shard != ShardStage::kNone)
+      s.optimizer_step = [this](float rate) { shards->step(work.params(), work.grads(), rate); };
     return s;
   }
 
@@ -214,6 +220,7 @@ struct Session::Impl {
   }
 
   void finish_training() {
+    gather_shards();  // the model the run ends with, whole on every member
     checkpoints.save(fabric(), "end");
     ended = true;
   }
@@ -225,6 +232,7 @@ struct Session::Impl {
     // Evaluate the group's one model. n, the test set's size, is the same on every rank: with none there is
     // nothing to evaluate, and a consensus of a large model on a slow link takes a minute.
     if (n > 0) {
+      gather_shards();
       f.algorithm().consensus();
       // The ranks' models are one now: the node's copy of the state (lockstep algorithms keep it every step).
       if (!f.algorithm().lockstep()) state.mirror();
@@ -289,6 +297,7 @@ struct Session::Impl {
     auto& f = fabric();
     const int rank = f.rank(), world = f.size();
     step_start = Clock::now();
+    gather_shards();  // the last update's parameters (--shard optimizer)
     plan.step = step() + 1;
     plan.epoch = sampler.epoch();
     const std::size_t micro = static_cast<std::size_t>(world) * cfg.batch_size;
@@ -341,6 +350,14 @@ struct Session::Impl {
       reducer.finish();
       comm_ms = reducer.comm_ms();
     }
+    // The model's buffers (BatchNorm's running statistics) are rank 0's everywhere, as DDP's. Before the
+    // update: with a sharded optimiser state the update is the step's last act, so that a member either
+    // completed the step (its shards and its position) or did not (train/shards.hpp's recovery).
+    if (const NamedSpans buffers = work.buffers(); !buffers.empty()) {
+      work.buffers_to_host();
+      for (const auto& [name, buf] : buffers) f.backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
+      work.buffers_to_device();
+    }
     // Without a gradient reduction the algorithm communicates in its step (qadam) or after it: the peers
     // are about to enter that exchange.
     if (!plan.reduces_gradients) faults.at(Point::kAllreduce, next);
@@ -348,12 +365,6 @@ struct Session::Impl {
     f.algorithm().step(next, plan.lr);
     const auto ta = Clock::now();
     f.algorithm().after_step(next);
-    // The model's buffers (BatchNorm's running statistics) are rank 0's everywhere, as DDP's.
-    if (const NamedSpans buffers = work.buffers(); !buffers.empty()) {
-      work.buffers_to_host();
-      for (const auto& [name, buf] : buffers) f.backend().broadcast_sync(comm::Buffer::of(buf), 0, setup.op);
-      work.buffers_to_device();
-    }
     if (!plan.reduces_gradients) comm_ms += ms_since(ta);
     sampler.advance(plan.total);
     state.pos().step = next;

@@ -79,6 +79,9 @@ struct ModelSpec {
   optim::OptimizerOptions optimizer;  ///< sgd | adam and their settings
   std::string device = "cpu";         ///< cpu | cuda
   std::uint64_t seed = 42;            ///< the initial parameters
+  /// --shard optimizer: the runtime keeps the optimiser's state, sharded (train/shards.hpp); the workload
+  /// is built without one (has_optimizer() false).
+  bool shard_optimizer = false;
 };
 
 class Workload {
@@ -110,6 +113,10 @@ class Workload {
   [[nodiscard]] virtual std::span<float> grads() = 0;
   /// The optimiser's name ("sgd", "adam", or a caller's own) for messages.
   [[nodiscard]] virtual std::string optimizer_name() const = 0;
+  /// Whether it keeps and steps its optimiser itself; false for a workload built for a sharded optimiser
+  /// state (ModelSpec::shard_optimizer), whose optimizer_state() is then empty and whose steps the runtime
+  /// takes (train/shards.hpp).
+  [[nodiscard]] virtual bool has_optimizer() const { return true; }
   /// The optimiser's state buffers by name, each as large as the parameters, in a fixed order ("momentum";
   /// "adam_m", "adam_v"): checkpoints hold them as "optim/<name>", a replacement receives them, relaxed
   /// algorithms average them. Writing through the spans changes the optimiser's state.

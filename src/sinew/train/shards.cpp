@@ -1,0 +1,262 @@
+#include "sinew/train/shards.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "sinew/core/error.hpp"
+#include "sinew/core/status.hpp"
+#include "sinew/core/timer.hpp"
+#include "sinew/train/layer_options.hpp"
+
+namespace sinew::train {
+
+namespace {
+
+constexpr int kTagReshard = 111;  // the state pieces of a reshard (point to point over the new view)
+
+Slice intersect(Slice a, Slice b) {
+  const std::size_t lo = std::max(a.offset, b.offset), hi = std::min(a.end(), b.end());
+  return hi > lo ? Slice{lo, hi - lo} : Slice{lo, 0};
+}
+
+/// Whether member `rank` of `l` holds shard `s`.
+bool holds(const ShardLayout& l, int rank, int s) {
+  return rank >= 0 && rank < l.world && (rank - s + l.world) % l.world < l.replicas;
+}
+
+}  // namespace
+
+ShardLayout::ShardLayout(std::size_t total_, int world_, int replicas_)
+    : total(total_), world(world_), replicas(std::clamp(replicas_, 1, std::max(world_, 1))) {
+  SINEW_ENFORCE(world_ >= 1, "a shard layout over {} members", world_);
+}
+
+Slice ShardLayout::shard(int s) const {
+  const auto w = static_cast<std::size_t>(world), i = static_cast<std::size_t>(s);
+  const std::size_t lo = total * i / w, hi = total * (i + 1) / w;
+  return {lo, hi - lo};
+}
+
+std::vector<int> ShardLayout::held_by(int rank) const {
+  std::vector<int> s;
+  for (int k = 0; k < replicas; ++k) s.push_back((rank - k + world) % world);
+  return s;
+}
+
+std::vector<int> ShardLayout::holders(int s) const {
+  std::vector<int> r;
+  for (int k = 0; k < replicas; ++k) r.push_back((s + k) % world);
+  return r;
+}
+
+ReshardPlan plan_reshard(const ShardLayout& old, const std::vector<int>& old_rank,
+                         const std::vector<int>& new_rank, const ShardLayout& next) {
+  SINEW_ENFORCE(old_rank.size() == new_rank.size(), "reshard plan over {} and {} members", old_rank.size(),
+                new_rank.size());
+  ReshardPlan p;
+  p.source.assign(static_cast<std::size_t>(old.world), -1);
+  for (int s = 0; s < old.world; ++s) {
+    for (std::size_t q = 0; q < old_rank.size(); ++q) {
+      if (holds(old, old_rank[q], s)) {
+        p.source[static_cast<std::size_t>(s)] = static_cast<int>(q);
+        break;
+      }
+    }
+    if (p.source[static_cast<std::size_t>(s)] < 0 && p.lost < 0) p.lost = s;
+  }
+  if (p.lost >= 0) return p;
+  for (std::size_t qi = 0; qi < new_rank.size(); ++qi) {
+    if (new_rank[qi] < 0) continue;
+    const int q = static_cast<int>(qi);
+    for (const int to_shard : next.held_by(new_rank[qi])) {
+      const Slice want = next.shard(to_shard);
+      for (int s = 0; s < old.world; ++s) {
+        const Slice piece = intersect(old.shard(s), want);
+        if (piece.count == 0) continue;
+        // A member that held the piece keeps it (no message); else the shard's source sends it.
+        const int from = holds(old, old_rank[qi], s) ? q : p.source[static_cast<std::size_t>(s)];
+        p.pieces.push_back({from, q, to_shard, piece});
+      }
+    }
+  }
+  return p;
+}
+
+ShardedOptimizer::ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas)
+    : opts_(std::move(opts)), total_(total), replicas_(replicas) {
+  SINEW_ENFORCE(replicas >= 1, "--shard-replicas {}", replicas);
+  for (const auto& [name, buf] : optim::make_optimizer(opts_, 0)->state()) names_.push_back(name);
+}
+
+std::vector<ShardedOptimizer::Held> ShardedOptimizer::make_held(int rank, int world) const {
+  const ShardLayout l(total_, world, replicas_);
+  std::vector<Held> h;
+  for (const int s : l.held_by(rank)) {
+    const Slice r = l.shard(s);
+    auto opt = optim::make_optimizer(opts_, r.count);
+    opt->set_steps(steps_);
+    h.push_back({s, r, std::move(opt)});
+  }
+  return h;
+}
+
+void ShardedOptimizer::arrange(int rank, int world) {
+  held_ = make_held(rank, world);
+  layout_ = ShardLayout(total_, world, replicas_);
+  rank_ = rank;
+  stale_ = false;
+}
+
+void ShardedOptimizer::set_steps(std::int64_t steps) {
+  steps_ = steps;
+  for (auto& h : held_) h.opt->set_steps(steps);
+}
+
+void ShardedOptimizer::step(std::span<float> params, std::span<const float> grads, float lr) {
+  SINEW_ENFORCE(arranged(), "a sharded optimiser step before the shards were arranged");
+  SINEW_ENFORCE(params.size() == total_ && grads.size() == total_, "sharded step over {} of {} parameters",
+                params.size(), total_);
+  for (auto& h : held_) h.opt->step(h.range.of(params), h.range.of(grads), lr);
+  ++steps_;
+  last_lr_ = lr;
+  stale_ = true;
+}
+
+void ShardedOptimizer::gather(comm::Backend& backend, std::span<float> params, const comm::Options& op) {
+  SINEW_ENFORCE(backend.size() == layout_.world && backend.rank() == rank_,
+                "gather over a view of {} as member {}, the shards are laid out over {} as {}",
+                backend.size(), backend.rank(), layout_.world, rank_);
+  for (int s = 0; s < layout_.world; ++s) {
+    const Slice r = layout_.shard(s);
+    if (r.count > 0) backend.broadcast_sync(comm::Buffer::of(r.of(params)), s, op);
+  }
+  stale_ = false;
+}
+
+NamedSpans ShardedOptimizer::own_state() {
+  SINEW_ENFORCE(arranged(), "the shards' state before they were arranged");
+  return held_.front().opt->state();
+}
+
+std::size_t ShardedOptimizer::state_bytes() const {
+  std::size_t n = 0;
+  for (const auto& h : held_) n += h.range.count;
+  return n * names_.size() * sizeof(float);
+}
+
+double ShardedOptimizer::reshard(comm::Backend& backend, std::span<float> params, const comm::Options& op,
+                                 int new_rank, int new_world) {
+  const auto t = Clock::now();
+  const int m = backend.size(), q = backend.rank();
+  SINEW_ENFORCE(params.size() == total_, "reshard of {} parameters, the shards cover {}", params.size(),
+                total_);
+  // Who held what: every member's rank and view size in the old layout (-1, 0: a newcomer), and its rank
+  // in the new one.
+  std::vector<std::int64_t> mine{rank_, arranged() ? layout_.world : 0, new_rank};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(m));
+  backend.allgather_sync(comm::Buffer::of(std::span<std::int64_t>(mine)),
+                         comm::Buffer::of(std::span<std::int64_t>(all)), op);
+  std::vector<int> old_rank(static_cast<std::size_t>(m)), next_rank(static_cast<std::size_t>(m));
+  int old_world = 0;
+  for (std::size_t i = 0; i < old_rank.size(); ++i) {
+    old_rank[i] = static_cast<int>(all[3 * i]);
+    next_rank[i] = static_cast<int>(all[3 * i + 2]);
+    const auto w = static_cast<int>(all[3 * i + 1]);
+    if (w > 0 && old_world > 0 && w != old_world)
+      SINEW_THROW(InternalError, "members laid out their shards over {} and {} ranks", old_world, w);
+    old_world = std::max(old_world, w);
+  }
+  if (old_world == 0) SINEW_THROW(InternalError, "no member holds any shard of the optimiser state");
+  const ShardLayout old(total_, old_world, replicas_);
+  const ShardLayout next(total_, new_world, replicas_);
+  const ReshardPlan plan = plan_reshard(old, old_rank, next_rank, next);
+  if (plan.lost >= 0) {
+    // Every holder of one shard is gone: its optimiser state exists nowhere in memory. The launcher
+    // (sinew-run) relaunches from the newest checkpoint.
+    const std::string why = fmt::format(
+        "the optimiser state of shard {} of {} (elements {}..{}) was held by ranks {} of the failed view, "
+        "all "
+        "lost (--shard-replicas {})",
+        plan.lost, old_world, old.shard(plan.lost).offset, old.shard(plan.lost).end(),
+        fmt::join(old.holders(plan.lost), ", "), old.replicas);
+    status::process().relaunch(status::Reason::kFailure, why);
+    SINEW_THROW(RelaunchRequest, "{}; exiting for a relaunch from the newest checkpoint", why);
+  }
+  // The parameters: each old shard's range from its source (a holder that applied its last update).
+  for (int s = 0; s < old.world; ++s) {
+    const Slice r = old.shard(s);
+    if (r.count > 0)
+      backend.broadcast_sync(comm::Buffer::of(r.of(params)), plan.source[static_cast<std::size_t>(s)], op);
+  }
+  // The state: into fresh buffers of the new layout, so that a failure now leaves the old ones intact.
+  std::vector<Held> fresh = new_rank >= 0 ? make_held(new_rank, new_world) : std::vector<Held>{};
+  const auto slot = [](std::vector<Held>& h, int shard) -> Held& {
+    for (auto& x : h)
+      if (x.shard == shard) return x;
+    SINEW_THROW(InternalError, "shard {} is not held here", shard);
+  };
+  const auto old_slot = [&](std::size_t e) -> Held& {  // the held old shard with element e
+    for (auto& x : held_)
+      if (e >= x.range.offset && e < x.range.end()) return x;
+    SINEW_THROW(InternalError, "element {} of the optimiser state is not held here", e);
+  };
+  std::vector<std::unique_ptr<comm::Work>> works;
+  for (std::size_t n = 0; n < names_.size(); ++n) {
+    comm::Options o = op;
+    o.tag = kTagReshard;
+    for (const auto& piece : plan.pieces) {
+      if (piece.to != q && piece.from != q) continue;
+      std::span<float> dst;
+      if (piece.to == q) {
+        Held& h = slot(fresh, piece.to_shard);
+        dst = h.opt->state()[n].second.subspan(piece.range.offset - h.range.offset, piece.range.count);
+      }
+      std::span<float> src;
+      if (piece.from == q) {
+        Held& h = old_slot(piece.range.offset);
+        src = h.opt->state()[n].second.subspan(piece.range.offset - h.range.offset, piece.range.count);
+      }
+      if (piece.from == q && piece.to == q) {
+        std::copy(src.begin(), src.end(), dst.begin());
+      } else if (piece.to == q) {
+        works.push_back(backend.recv(comm::Buffer::of(dst), piece.from, o));
+      } else {
+        works.push_back(backend.send(comm::Buffer::of(src), piece.to, o));
+      }
+    }
+  }
+  for (auto& w : works) w->wait(op.timeout);
+  works.clear();
+  held_ = std::move(fresh);
+  layout_ = next;
+  rank_ = new_rank;
+  stale_ = false;
+  return seconds_since(t) * 1e3;
+}
+
+std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const Config& c, workload::Workload& work) {
+  if (c.shard == ShardStage::kNone) {
+    SINEW_ENFORCE(work.has_optimizer(), "a workload without an optimiser, and --shard none");
+    return nullptr;
+  }
+  if (work.has_optimizer()) {
+    SINEW_THROW(InvalidArgument,
+                "--shard {}: this workload ({}) keeps its optimiser's whole state itself; sharding it is not "
+                "supported for it yet: use --shard none",
+                name_of(kShardNames, c.shard), work.describe());
+  }
+  return std::make_unique<ShardedOptimizer>(optimizer_options(c), work.params().size(), c.shard_replicas);
+}
+
+std::string describe(const ShardedOptimizer& s) {
+  const auto mib = [](std::size_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  const std::size_t whole = s.layout().total * s.names().size() * sizeof(float);
+  return fmt::format(
+      "optimiser state ({}) sharded over {} ranks, each shard held by {}: {:.1f} MiB per rank of {:.1f} MiB",
+      s.options().name, s.layout().world, s.layout().replicas, mib(s.state_bytes()), mib(whole));
+}
+
+}  // namespace sinew::train

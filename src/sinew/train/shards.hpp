@@ -1,0 +1,148 @@
+// Sharded optimiser state with in-memory redundancy (ZeRO stage 1, `--shard optimizer`), resharded in place
+// after every change of membership.
+//
+// The flat parameter buffer of N elements is cut into one balanced, contiguous shard per member of the
+// view (shard s = [N*s/W, N*(s+1)/W), the checkpoint writer's slices, so that a member writes exactly its
+// own shard). Each shard's optimiser state is held by R members (--shard-replicas, R = min(R, W)): its
+// owner s and the next R-1 members of the ring, s+1 .. s+R-1 mod W. Every holder applies the same
+// deterministic update to the same reduced gradients (a ZeRO-1 step has every gradient on every member), so
+// a replica stays current without a byte of state sent: it costs R/W of the optimiser state per member
+// and R-fold the optimiser's arithmetic on 1/W of the model each, no bandwidth. The parameters stay whole on
+// every member (ZeRO-1): after the update each owner's range is broadcast to the others, lazily, before
+// anything reads them (the next forward, an evaluation, the end).
+//
+// After a failure the survivors agree on the most advanced step (a member whose reduction failed is one step
+// behind; it is brought up to date with the reduced gradients of a member that completed it), take each old
+// shard from its lowest surviving holder, and redistribute the state over the new view's layout: pieces
+// move point to point from the survivor that holds them to the new holders, with redundancy R again. A
+// shard whose R holders are all gone cannot be rebuilt: the job says which and exits for a relaunch from
+// the newest checkpoint (never trains on a wrong state). A spawned replacement or a promoted spare holds
+// nothing and receives its shards the same way; a growth or a planned leave is the same redistribution.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sinew/comm/backend.hpp"
+#include "sinew/core/flat.hpp"
+#include "sinew/optim/optimizer.hpp"
+#include "sinew/train/config.hpp"
+#include "sinew/workload/workload.hpp"
+
+namespace sinew::train {
+
+/// Which members hold which part of a flat buffer of `total` elements over `world` members.
+struct ShardLayout {
+  std::size_t total = 0;
+  int world = 1;
+  int replicas = 1;  ///< holders per shard, min(--shard-replicas, world)
+
+  ShardLayout() = default;
+  ShardLayout(std::size_t total, int world, int replicas);
+  /// Shard `s`'s elements: [total*s/world, total*(s+1)/world).
+  [[nodiscard]] Slice shard(int s) const;
+  /// The shards member `rank` holds, its own first: rank, rank-1, ..., rank-replicas+1 (mod world).
+  [[nodiscard]] std::vector<int> held_by(int rank) const;
+  /// The members that hold shard `s`, its owner first: s, s+1, ..., s+replicas-1 (mod world).
+  [[nodiscard]] std::vector<int> holders(int s) const;
+};
+
+/// How the state moves from an old layout to a new one (ShardedOptimizer::reshard's plan, a pure function
+/// of who survived). "Members" are those of the communicator the reshard runs over: the new view after a
+/// failure or a growth, the old one for a planned leave (the leaving members hand their shards over).
+struct ReshardPlan {
+  /// Per old shard: the member that provides it (the lowest surviving holder), or -1.
+  std::vector<int> source;
+  /// The first old shard none of whose holders survived (-1: none lost).
+  int lost = -1;
+  struct Piece {
+    int from = 0, to = 0;  ///< members
+    int to_shard = 0;      ///< the new shard it belongs to
+    Slice range;           ///< elements of the flat buffer
+  };
+  /// Every piece of every new holder's shards, in one order that every member computes alike.
+  std::vector<Piece> pieces;
+};
+/// Per member q: `old_rank[q]`, its rank in `old`, or -1 for a newcomer (a spawned replacement, a promoted
+/// spare) that holds nothing; `new_rank[q]`, its rank in `next`, or -1 for a member that leaves.
+[[nodiscard]] ReshardPlan plan_reshard(const ShardLayout& old, const std::vector<int>& old_rank,
+                                       const std::vector<int>& new_rank, const ShardLayout& next);
+
+/// This member's shards of the optimiser state, and the update over them.
+class ShardedOptimizer {
+ public:
+  /// For a flat buffer of `total` parameters; holds nothing until arrange() or reshard().
+  ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas);
+
+  /// A first launch: this member of `world` holds its shards, state zero (as a new optimiser's).
+  void arrange(int rank, int world);
+  [[nodiscard]] bool arranged() const noexcept { return rank_ >= 0; }
+  [[nodiscard]] const ShardLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] const optim::OptimizerOptions& options() const noexcept { return opts_; }
+  /// The state buffers' names ("momentum"; "adam_m", "adam_v"), as the unsharded optimiser's.
+  [[nodiscard]] const std::vector<std::string>& names() const noexcept { return names_; }
+
+  /// The optimiser's step count (Adam's bias correction), the same on every held shard.
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  void set_steps(std::int64_t steps);
+  /// The update of every held shard's parameters from the (reduced) gradients with learning rate `lr`;
+  /// the other ranges of `params` are stale until gather().
+  void step(std::span<float> params, std::span<const float> grads, float lr);
+  /// The learning rate of the last step() (a member one step behind repeats that step with it).
+  [[nodiscard]] float last_lr() const noexcept { return last_lr_; }
+  /// Whether ranges of the parameters are stale (a step since the last gather()).
+  [[nodiscard]] bool stale() const noexcept { return stale_; }
+  /// Collective: every shard's owner broadcasts its range, so that every member holds the whole model.
+  void gather(comm::Backend& backend, std::span<float> params, const comm::Options& op);
+
+  /// The held shards with their state, owner's shard first.
+  struct Held {
+    int shard = 0;
+    Slice range;
+    std::unique_ptr<optim::Optimizer> opt;  ///< its state(): the state of `range`
+  };
+  [[nodiscard]] const std::vector<Held>& held() const noexcept { return held_; }
+  /// The state of this member's own shard by name: what it writes into a checkpoint.
+  [[nodiscard]] NamedSpans own_state();
+  /// Bytes of optimiser state this member holds.
+  [[nodiscard]] std::size_t state_bytes() const;
+
+  /// Collective over `backend`, for a change of membership: the parameters whole and equal on every member
+  /// (each old shard's range from its lowest surviving holder) and the state redistributed over the new
+  /// layout of `new_world` members, in which this member is `new_rank` (plan_reshard()). After a failure or
+  /// a growth `backend` is the new view (new_rank its rank); for a planned leave it is the old view, and a
+  /// leaving member passes -1 and afterwards holds nothing. A member that holds nothing yet (arranged()
+  /// false) receives its shards. Throws RelaunchRequest naming the shard and its holders when a shard was
+  /// lost, CommFailure if a member fails meanwhile (this member's shards are then unchanged, so that the
+  /// recovery can start again). Returns the milliseconds spent.
+  double reshard(comm::Backend& backend, std::span<float> params, const comm::Options& op, int new_rank,
+                 int new_world);
+
+ private:
+  std::vector<Held> make_held(int rank, int world) const;
+
+  optim::OptimizerOptions opts_;
+  std::size_t total_;
+  int replicas_;
+  std::vector<std::string> names_;
+  ShardLayout layout_;
+  int rank_ = -1;
+  std::vector<Held> held_;
+  std::int64_t steps_ = 0;
+  float last_lr_ = 0;
+  bool stale_ = false;
+};
+
+/// --shard: this member's sharded optimiser for `work`, or null with --shard none. Throws InvalidArgument
+/// for a workload that keeps its optimiser's whole state itself (it was not built for sharding).
+[[nodiscard]] std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const Config& c,
+                                                                       workload::Workload& work);
+/// "optimiser state sharded over 4 ranks, each shard held by 2: 1.2 MiB per rank of 2.5 MiB", for the log.
+[[nodiscard]] std::string describe(const ShardedOptimizer& s);
+
+}  // namespace sinew::train
