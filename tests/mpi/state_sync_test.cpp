@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "sinew/model/workload.hpp"
 #include "sinew/optim/optimizer.hpp"
 #include "sinew/train/replicated_state.hpp"
+#include "sinew/train/shards.hpp"
 
 using namespace sinew;
 
@@ -91,4 +94,102 @@ TEST(StateSync, RewoundMembersAverageTheirAgreedStatesAndANewcomerTakesIt) {
   std::vector<float> root = mine;
   MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   EXPECT_EQ(mine, root);
+}
+
+namespace {
+
+/// A member whose optimiser state is sharded (--shard optimizer): the workload has no optimiser.
+struct ShardedMember {
+  static constexpr std::size_t kParams = 4 * 4 * 8 + 8 + 8 * 3 + 3;
+  explicit ShardedMember(optim::OptimizerOptions o)
+      : work(model::Model::build("mlp:8", model::Shape{1, 4, 4}, 3, 7), nullptr, data, data, o.name),
+        sampler(1000, 7),
+        shards(o, kParams, 2),
+        state(work, sampler, 7) {
+    state.attach_shards(&shards);
+  }
+  data::Dataset data;
+  model::ModelWorkload work;
+  data::DistributedSampler sampler;
+  train::ShardedOptimizer shards;
+  train::ReplicatedState state;
+};
+
+float gradient(int step, std::size_t i) {
+  return 0.01f * static_cast<float>(step) * std::cos(static_cast<float>(i));
+}
+
+/// Every held shard of `m` (parameters and state) equals the whole optimiser's after the same steps.
+void expect_as_whole(ShardedMember& m, const std::vector<float>& params, optim::Optimizer& whole) {
+  const auto p = m.work.params();
+  for (std::size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], params[i]) << "params[" << i << "]";
+  EXPECT_EQ(m.shards.steps(), whole.steps());
+  const auto ws = whole.state();
+  for (const auto& h : m.shards.held()) {
+    const auto hs = h.opt->state();
+    for (std::size_t k = 0; k < ws.size(); ++k)
+      for (std::size_t i = 0; i < h.range.count; ++i)
+        ASSERT_EQ(hs[k].second[i], ws[k].second[h.range.offset + i])
+            << ws[k].first << " of shard " << h.shard;
+  }
+}
+
+}  // namespace
+
+// A member whose reduction of the last step failed (a peer died in it) did not update its shards while the
+// others did: it repeats that update with the root's reduced gradients and learning rate, and every member
+// ends as if all had stepped (train/shards.hpp).
+TEST(StateSync, ShardedMemberOneStepBehindRepeatsTheUpdate) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  optim::OptimizerOptions o;
+  o.name = "adam";
+  ShardedMember m(o);
+  m.shards.arrange(r, n);
+  auto whole = optim::make_optimizer(o, ShardedMember::kParams);
+  std::vector<float> params(m.work.params().begin(), m.work.params().end());
+  std::vector<float> g(params.size());
+  for (int step = 1; step <= 2; ++step) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = gradient(step, i);
+    whole->step(params, g, 0.01f * static_cast<float>(step));
+    const bool behind = step == 2 && r == n - 1;  // its reduction of step 2 failed
+    auto grads = m.work.grads();
+    for (std::size_t i = 0; i < g.size(); ++i) grads[i] = behind ? -1.f : g[i];
+    if (behind) break;
+    m.shards.step(m.work.params(), m.work.grads(), 0.01f * static_cast<float>(step));
+    m.state.pos().step = step;
+    if (step == 1) m.shards.gather(backend, m.work.params(), comm::Options{});
+  }
+  m.state.synchronise(backend, comm::Options{});
+  EXPECT_EQ(m.state.pos().step, 2);
+  expect_as_whole(m, params, *whole);
+}
+
+// A newcomer (a spawned replacement) holds nothing; the members laid out over one rank fewer reshard over
+// the grown group, and it receives its shards from their memory.
+TEST(StateSync, ShardedNewcomerReceivesItsShards) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  optim::OptimizerOptions o;
+  o.name = "adam";
+  ShardedMember m(o);
+  const bool newcomer = r == n - 1;
+  auto whole = optim::make_optimizer(o, ShardedMember::kParams);
+  std::vector<float> params(m.work.params().begin(), m.work.params().end());
+  std::vector<float> g(params.size());
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = gradient(1, i);
+  whole->step(params, g, 0.01f);
+  if (newcomer) {
+    m.state.pos().step = -1;
+    for (auto& x : m.work.params()) x = 0;
+  } else {
+    m.shards.arrange(r, n - 1);
+    std::copy(g.begin(), g.end(), m.work.grads().begin());
+    m.shards.step(m.work.params(), m.work.grads(), 0.01f);  // stale ranges: the reshard broadcasts them
+    m.state.pos().step = 1;
+  }
+  m.state.synchronise(backend, comm::Options{});
+  EXPECT_EQ(m.state.pos().step, 1);
+  EXPECT_EQ(m.shards.layout().world, n);
+  expect_as_whole(m, params, *whole);
 }
