@@ -107,6 +107,15 @@ ALGORITHMS = {
     "low_precision_decentralized": ["--algorithm", "low_precision_decentralized"],
     "async": ["--algorithm", "async"],
 }
+# Drawn only when --algorithms names them (so that the default draw, and the plans of every earlier seed,
+# stay as they were): the optimiser state sharded with two holders per shard (--shard optimizer). A trial
+# that kills both holders of a shard ends in the relaunch from the newest checkpoint, a fallback.
+SHARDED = {
+    "sharded": ["--shard", "optimizer", "--shard-replicas", "2", "--optimizer", "adam", "--lr", "0.002"],
+    "sharded-bytegrad": ["--algorithm", "bytegrad", "--error-feedback", "true", "--shard", "optimizer",
+                         "--optimizer", "adam", "--lr", "0.002"],
+}
+ALGORITHMS_ALL = {**ALGORITHMS, **SHARDED}
 
 
 @dataclasses.dataclass
@@ -203,7 +212,7 @@ class Plan:
              "--model", "mlp:64", "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--progress", "false",
              "--log-every", "1", "--step-sleep-ms", str(STEP_SLEEP_MS), "--timeout-ms", str(TIMEOUT_MS),
              "--metrics", f"{d}/metrics.jsonl", "--audit-dir", f"{d}/audit",
-             "--grow", "true" if self.grow else "false", *ALGORITHMS[self.algorithm]]
+             "--grow", "true" if self.grow else "false", *ALGORITHMS_ALL[self.algorithm]]
         if self.checkpoints:
             o += ["--checkpoint-dir", f"{d}/ckpt", "--checkpoint-every", str(CHECKPOINT_EVERY)]
         if self.spares:
@@ -993,7 +1002,8 @@ def main():
     ap.add_argument("--train", default=default_train, help="the sinew-train to run (default build/apps/sinew-train)")
     ap.add_argument("--patterns", help="keep only trials whose plan has one of these patterns (comma-separated)")
     ap.add_argument("--algorithms", help="draw the algorithm from these only (comma-separated; fewer "
-                    f"configurations, fewer reference runs); default all: {','.join(sorted(ALGORITHMS))}")
+                    f"configurations, fewer reference runs); default all: {','.join(sorted(ALGORITHMS))}; also "
+                    f"{','.join(sorted(SHARDED))} (the optimiser state sharded, drawn only when named)")
     ap.add_argument("--spares", default="0,1,2", help="the numbers of hot spares a trial with growth draws from "
                     "(comma-separated, default 0,1,2; 0: no spares, the plans of the driver before them)")
     ap.add_argument("--link-cuts", type=float, default=0.1, help="the chance that a trial's first member kill is "
@@ -1016,8 +1026,9 @@ def main():
         return rejudge(a.rejudge, a.tolerance)
 
     algorithms = sorted(set(a.algorithms.split(","))) if a.algorithms else None
-    if algorithms and set(algorithms) - set(ALGORITHMS):
-        ap.error(f"unknown algorithms {sorted(set(algorithms) - set(ALGORITHMS))}; known: {sorted(ALGORITHMS)}")
+    if algorithms and set(algorithms) - set(ALGORITHMS_ALL):
+        ap.error(f"unknown algorithms {sorted(set(algorithms) - set(ALGORITHMS_ALL))}; known: "
+                 f"{sorted(ALGORITHMS_ALL)}")
     try:
         spares = sorted({int(k) for k in a.spares.split(",")})
     except ValueError:

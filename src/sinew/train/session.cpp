@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "sinew/checkpoint/writer.hpp"
@@ -77,6 +78,7 @@ struct Session::Impl {
   Clock::time_point step_start;
   data::DistributedSampler::Batch batch;
   Reducer reducer;
+  double gather_ms = 0;  // --shard optimizer: the parameters' gather, part of the step's communication
 
   TeacherFeed teacher_feed;  // --distill-*
 
@@ -161,7 +163,10 @@ struct Session::Impl {
 
   /// The parameters whole on this member: after a sharded update, each owner's range from its owner.
   void gather_shards() {
-    if (shards && shards->stale()) shards->gather(fabric().backend(), work.params(), setup.op);
+    if (!shards || !shards->stale()) return;
+    const auto t = Clock::now();
+    shards->gather(fabric().backend(), work.params(), setup.op);
+    gather_ms += ms_since(t);
   }
 
   [[nodiscard]] std::int64_t step() const { return state.pos().step; }
@@ -345,10 +350,10 @@ struct Session::Impl {
   void end_step(double local_loss) {
     auto& f = fabric();
     const std::int64_t next = plan.step;
-    double comm_ms = 0;
+    double comm_ms = std::exchange(gather_ms, 0.0);
     if (plan.reduces_gradients) {
       reducer.finish();
-      comm_ms = reducer.comm_ms();
+      comm_ms += reducer.comm_ms();
     }
     // The model's buffers (BatchNorm's running statistics) are rank 0's everywhere, as DDP's. Before the
     // update: with a sharded optimiser state the update is the step's last act, so that a member either
@@ -373,8 +378,9 @@ struct Session::Impl {
     if (f.algorithm().lockstep()) state.mirror();
     const double step_ms = ms_since(step_start);
     teacher_feed.step_done(step_ms);
-    const double recovery_ms = metrics.step_done(
-        {next, static_cast<std::int64_t>(plan.total), step_ms, comm_ms, local_loss, f.take_bytes_sent()});
+    const double recovery_ms =
+        metrics.step_done({next, static_cast<std::int64_t>(plan.total), step_ms, comm_ms, local_loss,
+                           f.take_bytes_sent() + (shards ? shards->take_bytes_sent() : 0)});
     if (recovery_ms >= 0 && f.rank() == 0)
       spdlog::info("recovered: first step done {:.1f} ms after the failure was detected", recovery_ms);
     if (metrics.window_due(next, sampler.epoch_done())) {

@@ -133,6 +133,8 @@ void ShardedOptimizer::gather(comm::Backend& backend, std::span<float> params, c
     const Slice r = layout_.shard(s);
     if (r.count > 0) backend.broadcast_sync(comm::Buffer::of(r.of(params)), s, op);
   }
+  const auto w = static_cast<std::uint64_t>(layout_.world);
+  bytes_sent_ += w > 1 ? (w - 1) * total_ * sizeof(float) / w : 0;
   stale_ = false;
 }
 

@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sinew/comm/backend.hpp"
@@ -99,6 +100,9 @@ class ShardedOptimizer {
   [[nodiscard]] bool stale() const noexcept { return stale_; }
   /// Collective: every shard's owner broadcasts its range, so that every member holds the whole model.
   void gather(comm::Backend& backend, std::span<float> params, const comm::Options& op);
+  /// Bytes this member sent for gather() since the last call, counted as a bandwidth-optimal all-gather
+  /// sends them ((W-1)/W of the parameters), as the metrics count the allreduce.
+  [[nodiscard]] std::uint64_t take_bytes_sent() noexcept { return std::exchange(bytes_sent_, 0); }
 
   /// The held shards with their state, owner's shard first.
   struct Held {
@@ -136,6 +140,7 @@ class ShardedOptimizer {
   std::int64_t steps_ = 0;
   float last_lr_ = 0;
   bool stale_ = false;
+  std::uint64_t bytes_sent_ = 0;
 };
 
 /// --shard: this member's sharded optimiser for `work`, or null with --shard none. Throws InvalidArgument
