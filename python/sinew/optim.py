@@ -5,6 +5,8 @@ then every state tensor of a parameter's shape is moved into a flat tensor per k
 "exp_avg", ...) of the parameters' layout and replaced by a view of it; the optimizer's in-place updates then
 write Sinew's buffers, which replacements receive and checkpoints hold (optim/<key>).
 """
+import inspect
+
 import torch
 
 from . import UsageError
@@ -36,6 +38,9 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
     flat = work.flat_params
     base = flat.data_ptr()
     offset = {id(p): (p.data_ptr() - base) // flat.element_size() for _, p in named_params}
+    if work.sharded:
+        _adopt_sharded(opt, work, named_params, own_loop, step_gate)
+        return
     real_step = opt.step  # (an lr_scheduler may have wrapped it: its bookkeeping stays)
     # The state is created by a step with zero gradients, learning rate 0 and no weight decay: no parameter
     # moves, and the state holds what it holds before a first step (zeros; Adagrad's initial accumulator),
@@ -96,6 +101,13 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
                 at = (p.data_ptr() - base) // flat.element_size()
                 opt.state[p][k] = buf[at:at + p.numel()].view_as(p)
 
+    _gate(opt, work, named_params, own_loop, step_gate, real_step)
+    set_steps(0)  # the initialising step above did not happen
+    work.use_optimizer(type(opt).__name__, state, step_of(opt, own_loop, real_step), steps, set_steps, relayout)
+
+
+def step_of(opt, own_loop, real_step):
+    """Sinew's update through `opt`: at the script's learning rates times a factor (own loop), or at Sinew's."""
     if own_loop:
         def step(factor):
             if factor == 1.0:
@@ -109,7 +121,18 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
             finally:
                 for g, lr in zip(opt.param_groups, kept):
                     g["lr"] = lr
+        return step
 
+    def step(lr):
+        for g in opt.param_groups:
+            g["lr"] = lr
+        real_step()
+    return step
+
+
+def _gate(opt, work, named_params, own_loop, step_gate, real_step):
+    """The script's opt.step and opt.zero_grad: Sinew's step in its own loop; refused in a Job.run step."""
+    if own_loop:
         def gate(closure=None):
             if closure is not None:
                 raise UsageError("optimizer.step(closure): Sinew makes one reduction per step; an optimizer that "
@@ -124,11 +147,6 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
         opt.step = gate
         opt.zero_grad = zero_grad
     else:
-        def step(lr):
-            for g in opt.param_groups:
-                g["lr"] = lr
-            real_step()
-
         def sinew_steps_it(*args, **kwargs):
             raise UsageError("optimizer.step() in a Job.run/Job.state step function: Sinew steps this optimizer "
                              "itself after the step's reduction (a step here would use the local, unreduced "
@@ -137,8 +155,105 @@ def adopt(opt, work, named_params, own_loop, step_gate=None):
         opt.step = sinew_steps_it
         opt.zero_grad = sinew_steps_it
 
-    set_steps(0)  # the initialising step above did not happen
-    work.use_optimizer(type(opt).__name__, state, step, steps, set_steps, relayout)
+
+# The torch.optim optimizers whose update of an element depends on that element's parameter, gradient and
+# state alone (and on scalars): the update of a range of the flat buffer is then the whole update's on that
+# range, bit for bit, which --shard optimizer needs (LAMB, LARS, Adafactor use norms over a tensor: not so).
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")
+
+
+def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
+    """--shard optimizer: `opt` is the script's settings, never stepped; Sinew makes an optimizer of its class per
+    shard it holds, over views of that range of the flat buffers, with state for that range only (ZeRO-1)."""
+    kind = type(opt).__name__
+    if kind not in ELEMENTWISE or type(opt).__module__.split(".")[:2] != ["torch", "optim"]:
+        raise UsageError(f"--shard optimizer: {kind} is not one of torch.optim's element-wise optimizers "
+                         f"({', '.join(ELEMENTWISE)}), whose update of a shard equals the whole update's; use "
+                         "shard='none'")
+    if any(opt.state.get(p) for _, p in named_params):
+        raise UsageError(f"--shard optimizer: {kind} already has state (a loaded state_dict?); Sinew's checkpoints "
+                         "hold a sharded job's optimizer state: resume from one instead")
+    probe = torch.nn.Parameter(torch.zeros(2, dtype=work.flat_params.dtype))
+    probe.grad = torch.zeros_like(probe)
+    # The state a first step makes, learned on a two-element twin at learning rate 0 (the constructor's own
+    # arguments only: a class's defaults can hold more, AdamW's decoupled_weight_decay).
+    accepted = inspect.signature(type(opt).__init__).parameters
+    settings = {k: v for k, v in opt.defaults.items()
+                if k in accepted and k not in ("differentiable", "fused", "capturable")}
+    settings.update({k: 0.0 for k in ("lr", "weight_decay") if k in settings})
+    twin = type(opt)([probe], **settings)
+    twin.step()
+    shaped, other = {}, {}
+    for k, v in twin.state[probe].items():
+        if torch.is_tensor(v) and v.shape == probe.shape:
+            shaped[k] = v.reshape(-1)[0].item()
+        else:
+            other[k] = v
+    group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
+    positions = [(n, p) for n, p in named_params]
+
+    def make(offset, count):
+        flat, grads = work.flat_params, work.flat_grads
+        base = flat.data_ptr()
+        bufs = {k: torch.full((count,), v, dtype=flat.dtype) for k, v in shaped.items()}
+        pieces = {}  # the script's group -> [(view parameter, its first element)]
+        for _, p in positions:
+            at = (p.data_ptr() - base) // flat.element_size()
+            lo, hi = max(at, offset), min(at + p.numel(), offset + count)
+            if hi <= lo:
+                continue
+            q = torch.nn.Parameter(flat.new_empty(0))
+            q.data = flat[lo:hi]  # the optimizer's in-place update writes the flat buffer
+            q.grad = grads[lo:hi]
+            pieces.setdefault(group_of[id(p)], []).append((q, lo))
+        state = [(k, bufs[k]) for k in shaped]
+        if not pieces:  # an empty shard (fewer elements than ranks)
+            return state, lambda x: None, lambda: 0, lambda n: None
+        order = sorted(pieces)
+        shard = type(opt)([{**{k: v for k, v in opt.param_groups[i].items() if k != "params"},
+                            "params": [q for q, _ in pieces[i]]} for i in order])
+        views = []
+        for i in order:
+            for q, lo in pieces[i]:
+                st = shard.state[q]
+                for k, b in bufs.items():
+                    st[k] = b[lo - offset:lo - offset + q.numel()]
+                for k, v in other.items():
+                    st[k] = v.clone() if torch.is_tensor(v) else v
+                views.append(q)
+
+        def step(x):
+            # The script's settings now (its scheduler's learning rate), at Sinew's factor or learning rate.
+            for g, i in zip(shard.param_groups, order):
+                g.update({k: v for k, v in opt.param_groups[i].items() if k != "params"})
+                g["lr"] = g["lr"] * x if own_loop else x
+            shard.step()
+            opt._opt_called = True  # what the script's step would have told its lr_scheduler
+
+        def steps():
+            s = shard.state[views[0]].get("step")
+            if s is None:
+                return 0
+            return int(s.item()) if torch.is_tensor(s) else int(s)
+
+        def set_steps(n):
+            for q in views:
+                st = shard.state[q]
+                if "step" in st:
+                    if torch.is_tensor(st["step"]):
+                        st["step"].fill_(n)
+                    else:
+                        st["step"] = n
+        return state, step, steps, set_steps
+
+    _gate(opt, work, named_params, own_loop, step_gate, opt.step)
+
+    def elsewhere(*args, **kwargs):
+        raise UsageError(f"{kind}.state_dict()/load_state_dict() with --shard optimizer: the state is sharded "
+                         "over the ranks; Sinew's checkpoints hold it (docs/sharding.md)")
+    opt.state_dict = elsewhere
+    opt.load_state_dict = elsewhere
+    work.use_sharded_optimizer(kind, make)
 
 
 def _flat_state(opt, flat, named_params, offset):

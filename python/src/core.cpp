@@ -133,8 +133,11 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](const std::vector<std::pair<std::string, at::Tensor>>& params,
                        const std::vector<std::pair<std::string, at::Tensor>>& buffers,
                        const pytorch::Job& job, std::string model) {
-             return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
-                                                             std::move(model));
+             auto w = std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
+                                                               std::move(model));
+             // --shard optimizer: known before the script's optimiser is adopted (per shard, then).
+             if (job.config().shard != train::ShardStage::kNone) w->shard_state();
+             return w;
            }),
            py::arg("params"), py::arg("buffers"), py::arg("job"), py::arg("model"))
       .def("describe", &pytorch::TorchWorkload::describe)
@@ -153,6 +156,28 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("name"), py::arg("state"), py::arg("step"), py::arg("steps"), py::arg("set_steps"),
           py::arg("relayout") = py::none())
+      .def_property_readonly("sharded", [](const pytorch::TorchWorkload& w) { return !w.has_optimizer(); })
+      .def(
+          "use_sharded_optimizer",
+          [](pytorch::TorchWorkload& w, std::string name, const py::function& make) {
+            // The factory is Python: held through a shared pointer whose last owner takes the GIL to drop it,
+            // so that copies of the C++ function never touch Python's reference counts without it.
+            std::shared_ptr<py::function> fn(new py::function(make), [](py::function* f) {
+              py::gil_scoped_acquire gil;
+              delete f;
+            });
+            w.use_sharded_optimizer(std::move(name), [fn](Slice r) {
+              py::gil_scoped_acquire gil;
+              const py::tuple t = (*fn)(r.offset, r.count);
+              pytorch::ExternalOptimizer o;
+              o.state = named(t[0].cast<std::vector<std::pair<std::string, at::Tensor>>>());
+              o.step = t[1].cast<std::function<void(float)>>();
+              o.steps = t[2].cast<std::function<std::int64_t()>>();
+              o.set_steps = t[3].cast<std::function<void(std::int64_t)>>();
+              return o;
+            });
+          },
+          py::arg("name"), py::arg("make"))
       .def("also_keep", &pytorch::TorchWorkload::also_keep, py::arg("tensors"))
       .def("restore_buffers", &pytorch::TorchWorkload::restore_buffers)
       .def("set_backward_done", &pytorch::TorchWorkload::set_backward_done, py::arg("fn"))

@@ -8,11 +8,11 @@
 # Usage: shard_scenarios.sh SCENARIO WORKDIR SINEW_TRAIN SINEW_CKPT MPIEXEC [MPIEXEC_FLAGS...]
 #   equal        failure-free, --shard-replicas 2 and 1
 #   kill-rank0   rank 0 killed at its optimiser step
-#   kill-two     ranks 0 and 2 (holders of different shards) killed in the same allreduce
-#   during-recovery  rank 1 killed, then rank 3 during the recovery
+#   kill-two     ranks 0 and 1 (a node's two ranks: holders of different shards) killed in the same allreduce
+#   during-recovery  rank 1 killed, then rank 2 during the recovery
 #   shrink       rank 2 killed, no replacement: the state resharded over 3
 #   leave        the job server shrinks 4 -> 2 at step 12 with --shard-replicas 1: the leavers hand over
-#   lost         both holders of shard 1 killed: the job says so and sinew-run relaunches it from the
+#   lost         both holders of shard 1 (ranks 1 and 3) killed: the job says so and sinew-run relaunches it from the
 #                newest checkpoint; it finishes
 #   checkpoint   a checkpoint written sharded at 4 ranks resumed unsharded at 3, and one written unsharded
 #                resumed sharded at 3: the same end state
@@ -113,10 +113,10 @@ case "$scenario" in
     pair kill "recovered in place: 4 -> 3 ranks, back to 4" --inject-fault 0:optimizer:10
     ;;
   kill-two)
-    pair two "recovered in place: 4 -> 2 ranks, back to 4" --inject-fault 0:allreduce:10 --inject-fault 2:allreduce:10
+    pair two "recovered in place: 4 -> 2 ranks, back to 4" --inject-fault 0:allreduce:10 --inject-fault 1:allreduce:10
     ;;
   during-recovery)
-    pair rec "recovered in place: 4 -> 2 ranks, back to 4" --inject-fault 1:forward:10 --inject-fault 3:recovery:10
+    pair rec "recovered in place: 4 -> 2 ranks, back to 4" --inject-fault 1:forward:10 --inject-fault 2:recovery:10
     ;;
   shrink)
     pair shrink "recovered in place: 4 -> 3 ranks \(revoke" --grow false --inject-fault 2:backward:12
@@ -125,11 +125,11 @@ case "$scenario" in
     pair leave "done:" --shard-replicas 1 --resize-schedule 12:2
     ;;
   lost)
-    # Ranks 1 and 2 hold shard 1 (its owner and its one replica): both die in the same step.
+    # Ranks 1 and 3 hold shard 1 (its owner and its one replica): both die in the same step.
     timeout -k 5 200 "$root/mpi_scripts/sinew-run" -n 4 --events "$d/supervise.jsonl" -- "$train" "${common[@]}" \
       --checkpoint-dir "$d/lost" --checkpoint-every 5 --audit-dir "$d/lost.audit" --shard optimizer \
-      --inject-fault 1:backward:12 --inject-fault 2:backward:12 >"$d/lost.txt" 2>&1
-    ran lost $? "optimiser state of shard 1 of 4 .* held by ranks 1, 2 of the failed view, all lost" --partial-last
+      --inject-fault 1:backward:12 --inject-fault 3:backward:12 >"$d/lost.txt" 2>&1
+    ran lost $? "optimiser state of shard 1 of 4 .* held by ranks 1, 3 of the failed view, all lost" --partial-last
     launches=$(grep -c '"event":"launch"' "$d/supervise.jsonl")
     if [ "$launches" -eq 2 ] && grep -q "job complete" "$d/lost.txt"; then
       passed=$((passed + 1))

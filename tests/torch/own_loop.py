@@ -46,6 +46,8 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"],
+                   help="adamw: two parameter groups (weight decay on the matrices only), as transformer scripts do")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="")
     p.add_argument("--trap", default="none", choices=TRAPS)
@@ -84,7 +86,13 @@ def main():
     model = job.wrap(net)
     opt = None
     if args.trap != "no-optimizer":
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+        if args.optimizer == "adamw":
+            matrices = [q for q in model.parameters() if q.ndim > 1]
+            others = [q for q in model.parameters() if q.ndim <= 1]
+            opt = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.01},
+                                     {"params": others, "weight_decay": 0.0}], lr=args.lr / 10)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
         if args.trap == "plain":
             plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
@@ -173,8 +181,9 @@ def main():
                      "buffers": {k: v.detach().clone() for k, v in net.named_buffers()},
                      "lr": [g["lr"] for g in opt.param_groups] if opt is not None else [],
                      "sched": sched.state_dict() if opt is not None else {},
+                     # (With --shard optimizer the script's optimizer holds no state: Sinew's shards do.)
                      "opt_step": [int(opt.state[q]["step"]) if "step" in opt.state[q] else 0
-                                  for q in model.parameters()] if opt is not None else [],
+                                  for q in model.parameters()] if opt is not None and opt.state else [],
                      "steps": s["steps"]}
             torch.save(state, args.out)
     return 0

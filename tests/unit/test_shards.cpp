@@ -25,10 +25,17 @@ TEST(ShardLayout, BalancedContiguousShardsCoverTheBuffer) {
   EXPECT_EQ(next, 10u);
 }
 
-TEST(ShardLayout, EachShardHasReplicasHoldersOnConsecutiveRanks) {
-  const ShardLayout l(100, 5, 2);
-  EXPECT_EQ(l.holders(4), (std::vector<int>{4, 0}));
-  EXPECT_EQ(l.held_by(0), (std::vector<int>{0, 4}));
+TEST(ShardLayout, EachShardHasReplicasHoldersSpreadOverTheRing) {
+  const ShardLayout l(100, 5, 2);  // stride 5 / 2 = 2
+  EXPECT_EQ(l.holders(4), (std::vector<int>{4, 1}));
+  EXPECT_EQ(l.held_by(0), (std::vector<int>{0, 3}));
+  // Consecutive ranks (one node's, as launchers place them) never hold the same shard at 4 ranks, R = 2.
+  const ShardLayout four(100, 4, 2);
+  for (int r = 0; r < 4; ++r)
+    for (const int s : four.held_by(r)) {
+      const auto next = four.held_by((r + 1) % 4);
+      EXPECT_EQ(std::find(next.begin(), next.end(), s), next.end()) << "ranks " << r << " and " << r + 1;
+    }
   for (int s = 0; s < 5; ++s)
     for (const int r : l.holders(s)) {
       const auto h = l.held_by(r);
@@ -80,16 +87,16 @@ TEST(ReshardPlan, OneFailureAtReplicasTwoLosesNothing) {
 }
 
 TEST(ReshardPlan, TwoFailuresOfDifferentShardsAtReplicasTwo) {
-  // Ranks 0 and 2 die: shard 0 is also on 1, shard 2 also on 3.
+  // Ranks 0 and 1 (a node's two ranks) die: shards 0 and 1 are also on 2 and 3.
   const ShardLayout old(999, 4, 2), next(999, 2, 2);
-  const std::vector<int> old_rank{1, 3}, new_rank{0, 1};
+  const std::vector<int> old_rank{2, 3}, new_rank{0, 1};
   expect_complete(old, old_rank, new_rank, next, plan_reshard(old, old_rank, new_rank, next));
 }
 
 TEST(ReshardPlan, BothHoldersOfAShardLostIsNamed) {
-  // Ranks 1 and 2 hold shard 1 (owner 1, replica 2): both dead.
+  // Ranks 1 and 3 hold shard 1 (owner 1, replica 3): both dead.
   const ShardLayout old(100, 4, 2), next(100, 2, 2);
-  const ReshardPlan p = plan_reshard(old, {0, 3}, {0, 1}, next);
+  const ReshardPlan p = plan_reshard(old, {0, 2}, {0, 1}, next);
   EXPECT_EQ(p.lost, 1);
   EXPECT_TRUE(p.pieces.empty());
 }

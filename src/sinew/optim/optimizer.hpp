@@ -32,7 +32,8 @@ class Optimizer {
 
   /// Steps taken so far (Adam's bias correction depends on it); restored from checkpoints by set_steps().
   [[nodiscard]] std::int64_t steps() const { return steps_; }
-  void set_steps(std::int64_t steps);
+  /// (Virtual: an optimiser that keeps its own count elsewhere, a script's torch.optim one, follows.)
+  virtual void set_steps(std::int64_t steps);
 
  protected:
   Optimizer() = default;

@@ -86,6 +86,8 @@ bool Job::start(TorchWorkload& work, std::size_t train_size, const Steps& steps)
                 impl_->session ? "a job trains once" : "the job was asked for --help");
   impl_->work = &work;
   impl_->steps = steps;
+  // --shard optimizer for a C++ caller's workload (the Python package's is told at its construction).
+  if (impl_->cfg.shard != train::ShardStage::kNone && work.has_optimizer()) work.shard_state();
   train::SessionParts parts;
   parts.train_size = train_size;
   const auto first_samples = [this, train_size] {

@@ -278,6 +278,7 @@ std::span<float> TorchWorkload::params() { return span_of(host_params_); }
 std::span<float> TorchWorkload::grads() { return span_of(host_grads_); }
 
 std::string TorchWorkload::optimizer_name() const {
+  if (sharded_) return sharded_name_;
   if (external_) return external_->name;
   return device_optimizer_ ? device_optimizer_->name() : optimizer_->name();
 }
@@ -295,6 +296,7 @@ std::vector<at::Tensor> TorchWorkload::state_tensors() {
 }
 
 NamedSpans TorchWorkload::optimizer_state() {
+  if (sharded_) return {};  // the runtime's, by shards
   if (!device_ && !external_) return optimizer_->state();
   NamedSpans out;
   std::vector<std::string> names;
@@ -309,11 +311,13 @@ NamedSpans TorchWorkload::optimizer_state() {
 }
 
 std::int64_t TorchWorkload::optimizer_steps() const {
+  if (sharded_) return 0;
   if (external_) return external_->steps();
   return device_optimizer_ ? device_optimizer_->steps() : optimizer_->steps();
 }
 
 void TorchWorkload::set_optimizer_steps(std::int64_t steps) {
+  if (sharded_) return;
   if (external_) {
     external_->set_steps(steps);
   } else if (device_optimizer_) {
@@ -324,6 +328,7 @@ void TorchWorkload::set_optimizer_steps(std::int64_t steps) {
 }
 
 void TorchWorkload::optimizer_step(float lr) {
+  if (sharded_) SINEW_THROW(InternalError, "the workload's optimiser step, but its state is sharded");
   if (external_) {
     external_->step(lr);
   } else if (device_optimizer_) {
@@ -334,6 +339,10 @@ void TorchWorkload::optimizer_step(float lr) {
 }
 
 void TorchWorkload::use_optimizer(ExternalOptimizer o) {
+  if (sharded_)
+    SINEW_THROW(InternalError,
+                "optimizer {}: a sharded state's optimiser is made per shard (use_sharded_optimizer)",
+                o.name);
   if (!o.step || !o.steps || !o.set_steps)
     SINEW_THROW(InvalidArgument, "optimizer {}: its step and step-count functions are required", o.name);
   for (const NamedTensor& t : o.state) {
@@ -355,6 +364,77 @@ void TorchWorkload::use_optimizer(ExternalOptimizer o) {
   host_state_.clear();
   if (device_)
     for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
+}
+
+namespace {
+
+/// One shard's range of a script's optimiser (an ExternalOptimizer over views of the range): the runtime's
+/// optim::Optimizer, which steps it and reads its state by name.
+class ExternalShard final : public optim::Optimizer {
+ public:
+  explicit ExternalShard(ExternalOptimizer o) : o_(std::move(o)) {}
+  [[nodiscard]] std::string name() const override { return o_.name; }
+  void step(std::span<float> /*params*/, std::span<const float> /*grads*/, float lr) override {
+    o_.step(lr);  // its parameters and gradients are views of the range of the flat buffers
+    ++steps_;
+  }
+  std::vector<std::pair<std::string, std::span<float>>> state() override {
+    std::vector<std::pair<std::string, std::span<float>>> out;
+    for (const NamedTensor& t : o_.state) out.emplace_back(t.name, span_of(t.tensor));
+    return out;
+  }
+  void set_steps(std::int64_t steps) override {
+    Optimizer::set_steps(steps);
+    o_.set_steps(steps);
+  }
+
+ private:
+  ExternalOptimizer o_;
+};
+
+}  // namespace
+
+void TorchWorkload::shard_state() {
+  if (device_)
+    SINEW_THROW(InvalidArgument,
+                "--shard optimizer: not on a GPU yet (the model is on GPU {}); use --shard none",
+                device_->index);
+  if (external_) {
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard optimizer: optimizer {} was adopted with its whole state; a sharded state's optimiser is "
+        "made per shard (the Python package does it); use --shard none",
+        external_->name);
+  }
+  sharded_ = true;
+  sharded_name_ = optimizer_->name();
+  optimizer_.reset();  // the runtime holds the state, by shards
+}
+
+void TorchWorkload::use_sharded_optimizer(std::string name, ShardFactory make) {
+  SINEW_ENFORCE(sharded_, "a sharded optimiser for a workload that does not shard its state");
+  external_.reset();
+  sharded_name_ = std::move(name);
+  shard_factory_ = std::move(make);
+}
+
+std::unique_ptr<optim::Optimizer> TorchWorkload::shard_optimizer(Slice range) {
+  if (!shard_factory_) return nullptr;
+  ExternalOptimizer o = shard_factory_(range);
+  o.name = sharded_name_;
+  if (!o.step || !o.steps || !o.set_steps)
+    SINEW_THROW(InvalidArgument, "optimizer {}: its shard's step and step-count functions are required",
+                o.name);
+  for (const NamedTensor& t : o.state) {
+    if (!t.tensor.defined() || t.tensor.scalar_type() != at::kFloat || !t.tensor.device().is_cpu() ||
+        !t.tensor.is_contiguous() || t.tensor.numel() != static_cast<std::int64_t>(range.count)) {
+      SINEW_THROW(InvalidArgument,
+                  "optimizer {}: its shard's state '{}' must be a contiguous float32 CPU tensor "
+                  "of the shard's {} elements",
+                  o.name, t.name, range.count);
+    }
+  }
+  return std::make_unique<ExternalShard>(std::move(o));
 }
 
 NamedSpans TorchWorkload::buffers() {

@@ -101,6 +101,10 @@ struct ExternalOptimizer {
   std::function<void()> relayout;
 };
 
+/// A script's optimiser over one range of the flat buffers, for a sharded state (train/shards.hpp): an
+/// ExternalOptimizer whose state tensors are the range's size.
+using ShardFactory = std::function<ExternalOptimizer(Slice range)>;
+
 class TorchWorkload final : public workload::Workload {
  public:
   /// Takes over `params` (the trainable ones, in the module's order) and `buffers` (its float buffers):
@@ -139,6 +143,15 @@ class TorchWorkload final : public workload::Workload {
   /// Replaces Sinew's fused optimiser with `o` (before training starts). Throws InvalidArgument for a state
   /// tensor that is not a float32 CPU tensor of the parameters' size, or a missing function.
   void use_optimizer(ExternalOptimizer o);
+
+  /// --shard optimizer: the runtime keeps the optimiser's state, sharded (train/shards.hpp). Frees Sinew's
+  /// fused optimiser; until use_sharded_optimizer() the runtime's own (--optimizer) is used per shard.
+  /// Throws InvalidArgument on a device (not yet).
+  void shard_state();
+  [[nodiscard]] bool has_optimizer() const override { return !sharded_; }
+  /// With shard_state(): the script's optimiser `name`, made per shard by `make`.
+  void use_sharded_optimizer(std::string name, ShardFactory make);
+  [[nodiscard]] std::unique_ptr<optim::Optimizer> shard_optimizer(Slice range) override;
   [[nodiscard]] NamedSpans buffers() override;
   void buffers_to_host() override;
   void buffers_to_device() override;
@@ -241,6 +254,9 @@ class TorchWorkload final : public workload::Workload {
   std::unique_ptr<optim::Optimizer> optimizer_;        // on the host
   std::unique_ptr<TensorOptimizer> device_optimizer_;  // on a device
   std::optional<ExternalOptimizer> external_;
+  bool sharded_ = false;      // shard_state()
+  std::string sharded_name_;  // use_sharded_optimizer()
+  ShardFactory shard_factory_;
   workload::ReadyFn ready_;
   workload::DeviceReadyFn device_ready_;
   std::function<void()> first_ready_;

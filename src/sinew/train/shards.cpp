@@ -24,7 +24,9 @@ Slice intersect(Slice a, Slice b) {
 
 /// Whether member `rank` of `l` holds shard `s`.
 bool holds(const ShardLayout& l, int rank, int s) {
-  return rank >= 0 && rank < l.world && (rank - s + l.world) % l.world < l.replicas;
+  if (rank < 0 || rank >= l.world) return false;
+  const int d = (rank - s + l.world) % l.world;
+  return d % l.stride() == 0 && d / l.stride() < l.replicas;
 }
 
 }  // namespace
@@ -42,13 +44,13 @@ Slice ShardLayout::shard(int s) const {
 
 std::vector<int> ShardLayout::held_by(int rank) const {
   std::vector<int> s;
-  for (int k = 0; k < replicas; ++k) s.push_back((rank - k + world) % world);
+  for (int k = 0; k < replicas; ++k) s.push_back(((rank - k * stride()) % world + world) % world);
   return s;
 }
 
 std::vector<int> ShardLayout::holders(int s) const {
   std::vector<int> r;
-  for (int k = 0; k < replicas; ++k) r.push_back((s + k) % world);
+  for (int k = 0; k < replicas; ++k) r.push_back((s + k * stride()) % world);
   return r;
 }
 
@@ -85,10 +87,14 @@ ReshardPlan plan_reshard(const ShardLayout& old, const std::vector<int>& old_ran
   return p;
 }
 
-ShardedOptimizer::ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas)
-    : opts_(std::move(opts)), total_(total), replicas_(replicas) {
+ShardedOptimizer::ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas,
+                                   Factory make)
+    : opts_(std::move(opts)), make_(std::move(make)), total_(total), replicas_(replicas) {
   SINEW_ENFORCE(replicas >= 1, "--shard-replicas {}", replicas);
-  for (const auto& [name, buf] : optim::make_optimizer(opts_, 0)->state()) names_.push_back(name);
+  if (!make_) make_ = [o = opts_](Slice r) { return optim::make_optimizer(o, r.count); };
+  const auto probe = make_(Slice{0, 0});
+  name_ = probe->name();
+  for (const auto& [name, buf] : probe->state()) names_.push_back(name);
 }
 
 std::vector<ShardedOptimizer::Held> ShardedOptimizer::make_held(int rank, int world) const {
@@ -96,7 +102,7 @@ std::vector<ShardedOptimizer::Held> ShardedOptimizer::make_held(int rank, int wo
   std::vector<Held> h;
   for (const int s : l.held_by(rank)) {
     const Slice r = l.shard(s);
-    auto opt = optim::make_optimizer(opts_, r.count);
+    auto opt = make_(r);
     opt->set_steps(steps_);
     h.push_back({s, r, std::move(opt)});
   }
@@ -250,7 +256,12 @@ std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const Config& c, worklo
                 "supported for it yet: use --shard none",
                 name_of(kShardNames, c.shard), work.describe());
   }
-  return std::make_unique<ShardedOptimizer>(optimizer_options(c), work.params().size(), c.shard_replicas);
+  const optim::OptimizerOptions opts = optimizer_options(c);
+  return std::make_unique<ShardedOptimizer>(
+      opts, work.params().size(), c.shard_replicas, [&work, opts](Slice r) {
+        auto own = work.shard_optimizer(r);  // the workload's kind (a torch.optim optimiser's), if it has one
+        return own ? std::move(own) : optim::make_optimizer(opts, r.count);
+      });
 }
 
 std::string describe(const ShardedOptimizer& s) {
@@ -258,7 +269,7 @@ std::string describe(const ShardedOptimizer& s) {
   const std::size_t whole = s.layout().total * s.names().size() * sizeof(float);
   return fmt::format(
       "optimiser state ({}) sharded over {} ranks, each shard held by {}: {:.1f} MiB per rank of {:.1f} MiB",
-      s.options().name, s.layout().world, s.layout().replicas, mib(s.state_bytes()), mib(whole));
+      s.name(), s.layout().world, s.layout().replicas, mib(s.state_bytes()), mib(whole));
 }
 
 }  // namespace sinew::train

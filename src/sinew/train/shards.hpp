@@ -4,7 +4,8 @@
 // The flat parameter buffer of N elements is cut into one balanced, contiguous shard per member of the
 // view (shard s = [N*s/W, N*(s+1)/W), the checkpoint writer's slices, so that a member writes exactly its
 // own shard). Each shard's optimiser state is held by R members (--shard-replicas, R = min(R, W)): its
-// owner s and the next R-1 members of the ring, s+1 .. s+R-1 mod W. Every holder applies the same
+// owner s and R-1 members spread over the ring, s+k*(W/R) mod W (consecutive ranks, which launchers put on
+// one node, hold different shards). Every holder applies the same
 // deterministic update to the same reduced gradients (a ZeRO-1 step has every gradient on every member), so
 // a replica stays current without a byte of state sent: it costs R/W of the optimiser state per member
 // and R-fold the optimiser's arithmetic on 1/W of the model each, no bandwidth. The parameters stay whole on
@@ -20,8 +21,10 @@
 // nothing and receives its shards the same way; a growth or a planned leave is the same redistribution.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,9 +49,13 @@ struct ShardLayout {
   ShardLayout(std::size_t total, int world, int replicas);
   /// Shard `s`'s elements: [total*s/world, total*(s+1)/world).
   [[nodiscard]] Slice shard(int s) const;
-  /// The shards member `rank` holds, its own first: rank, rank-1, ..., rank-replicas+1 (mod world).
+  /// How far apart a shard's holders are: world / replicas, so that they are as far from each other as
+  /// the ring allows (launchers place consecutive ranks on one node: a node's ranks then hold different
+  /// shards, and the loss of a node loses none while it has fewer ranks than the stride).
+  [[nodiscard]] int stride() const noexcept { return std::max(1, world / replicas); }
+  /// The shards member `rank` holds, its own first: rank, rank-stride, ..., (mod world).
   [[nodiscard]] std::vector<int> held_by(int rank) const;
-  /// The members that hold shard `s`, its owner first: s, s+1, ..., s+replicas-1 (mod world).
+  /// The members that hold shard `s`, its owner first: s, s+stride, ..., s+(replicas-1)*stride (mod world).
   [[nodiscard]] std::vector<int> holders(int s) const;
 };
 
@@ -76,15 +83,19 @@ struct ReshardPlan {
 /// This member's shards of the optimiser state, and the update over them.
 class ShardedOptimizer {
  public:
-  /// For a flat buffer of `total` parameters; holds nothing until arrange() or reshard().
-  ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas);
+  /// Makes the optimiser of one held range (its state that range's size).
+  using Factory = std::function<std::unique_ptr<optim::Optimizer>(Slice range)>;
+  /// For a flat buffer of `total` parameters; holds nothing until arrange() or reshard(). `make` null:
+  /// Sinew's optimiser of `opts` per range.
+  ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas, Factory make = nullptr);
 
   /// A first launch: this member of `world` holds its shards, state zero (as a new optimiser's).
   void arrange(int rank, int world);
   [[nodiscard]] bool arranged() const noexcept { return rank_ >= 0; }
   [[nodiscard]] const ShardLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] const optim::OptimizerOptions& options() const noexcept { return opts_; }
+  /// The optimiser's name ("adam"; a script's torch.optim class, "AdamW").
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// The state buffers' names ("momentum"; "adam_m", "adam_v"), as the unsharded optimiser's.
   [[nodiscard]] const std::vector<std::string>& names() const noexcept { return names_; }
 
@@ -131,8 +142,10 @@ class ShardedOptimizer {
   std::vector<Held> make_held(int rank, int world) const;
 
   optim::OptimizerOptions opts_;
+  Factory make_;
   std::size_t total_;
   int replicas_;
+  std::string name_;
   std::vector<std::string> names_;
   ShardLayout layout_;
   int rank_ = -1;

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -117,6 +118,14 @@ class Workload {
   /// state (ModelSpec::shard_optimizer), whose optimizer_state() is then empty and whose steps the runtime
   /// takes (train/shards.hpp).
   [[nodiscard]] virtual bool has_optimizer() const { return true; }
+  /// A workload without an optimiser of its own (has_optimizer() false) whose optimiser is of a kind the
+  /// runtime does not know (the PyTorch integration's torch.optim optimiser): an optimiser of that kind over
+  /// the elements `range` of the flat buffers, with state for them only. Null (the default): the runtime
+  /// uses its own (--optimizer) over the range.
+  [[nodiscard]] virtual std::unique_ptr<optim::Optimizer> shard_optimizer(Slice range) {
+    (void)range;
+    return nullptr;
+  }
   /// The optimiser's state buffers by name, each as large as the parameters, in a fixed order ("momentum";
   /// "adam_m", "adam_v"): checkpoints hold them as "optim/<name>", a replacement receives them, relaxed
   /// algorithms average them. Writing through the spans changes the optimiser's state.
