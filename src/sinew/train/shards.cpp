@@ -44,12 +44,14 @@ Slice ShardLayout::shard(int s) const {
 
 std::vector<int> ShardLayout::held_by(int rank) const {
   std::vector<int> s;
+  s.reserve(static_cast<std::size_t>(replicas));
   for (int k = 0; k < replicas; ++k) s.push_back(((rank - k * stride()) % world + world) % world);
   return s;
 }
 
 std::vector<int> ShardLayout::holders(int s) const {
   std::vector<int> r;
+  r.reserve(static_cast<std::size_t>(replicas));
   for (int k = 0; k < replicas; ++k) r.push_back((s + k * stride()) % world);
   return r;
 }

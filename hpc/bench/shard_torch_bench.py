@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Sharded optimizer state on a PyTorch transformer with AdamW: Sinew against DDP, ZeroRedundancyOptimizer and
+FSDP2, in one run.
+
+    python3 hpc/bench/shard_torch_bench.py [--ranks 4] [--steps 8] [--layers 6] [--width 512] [--vocab 32000]
+
+The same 4-rank job (a torch.nn transformer encoder, AdamW with weight decay on the matrices only, the same
+synthetic token batches, one torch thread per rank) as the script's own loop, each way:
+  ddp        DistributedDataParallel over gloo, torch.optim.AdamW (the whole state on every rank);
+  zero       DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW) (ZeRO-1, no redundancy);
+  fsdp2      torch.distributed.fsdp.fully_shard per encoder layer and the root, over gloo on the CPU (ZeRO-3);
+  sinew      Sinew's own loop (sinew.init, job.wrap, job.sampler), --shard none;
+  sinew-r1   --shard optimizer --shard-replicas 1;
+  sinew-r2   --shard optimizer --shard-replicas 2 (each shard on two ranks: a kill is recovered in place).
+Reports the peak resident memory per rank (the largest over the ranks), as a ratio of DDP's, and the median step
+time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
+left out. Writes shard_torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
+"""
+import argparse
+import glob
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2"]
+SEQ = 32
+
+
+def build(a):
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(0)
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(a.vocab, a.width)
+            self.layers = nn.ModuleList(nn.TransformerEncoderLayer(a.width, 8, 4 * a.width, dropout=0.0,
+                                                                   batch_first=True) for _ in range(a.layers))
+            self.head = nn.Linear(a.width, 10)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for layer in self.layers:
+                h = layer(h)
+            return self.head(h.mean(1))
+    return Encoder()
+
+
+def adamw(params_of, lr=1e-4):
+    import torch
+    ps = list(params_of)
+    return [{"params": [p for p in ps if p.ndim > 1], "weight_decay": 0.01},
+            {"params": [p for p in ps if p.ndim <= 1], "weight_decay": 0.0}], torch.optim.AdamW, {"lr": lr}
+
+
+def rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def worker(a):
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    total = a.warmup + a.steps
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, a.vocab, (total * a.batch * size, SEQ), generator=g)
+    y = torch.randint(0, 10, (len(x),), generator=g)
+    times = []
+
+    def timed_loop(model, opt, batches):
+        for xb, yb in batches:
+            t = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            times.append((time.perf_counter() - t) * 1e3)
+
+    if a.worker in ("ddp", "zero", "fsdp2"):
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=size)
+        net = build(a)
+        if a.worker == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            for layer in net.layers:
+                fully_shard(layer)
+            model = fully_shard(net)
+            groups, cls, kw = adamw(model.parameters())
+            opt = cls(groups, **kw)
+        else:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(net)
+            groups, cls, kw = adamw(model.parameters())
+            if a.worker == "zero":
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+                opt = ZeroRedundancyOptimizer(groups, optimizer_class=cls, **kw)
+            else:
+                opt = cls(groups, **kw)
+        batches = ((x[i:i + a.batch], y[i:i + a.batch])
+                   for i in ((s * size + rank) * a.batch for s in range(total)))
+        timed_loop(model, opt, batches)
+        dist.barrier()
+        dist.destroy_process_group()
+        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb()}
+    else:
+        import sinew
+        from torch.utils.data import DataLoader, TensorDataset
+        shard = {"sinew": {}, "sinew-r1": {"shard": "optimizer", "shard_replicas": 1},
+                 "sinew-r2": {"shard": "optimizer", "shard_replicas": 2}}[a.worker]
+        job = sinew.init(max_steps=total, progress=False, log_level="warn", **shard)
+        model = job.wrap(build(a), "transformer")
+        groups, cls, kw = adamw(model.parameters())
+        opt = cls(groups, **kw)
+        data = TensorDataset(x, y)
+        loader = DataLoader(data, sampler=job.sampler(data), batch_size=a.batch)
+        for _ in job.epochs(1):
+            timed_loop(model, opt, loader)
+        rank = job.rank
+        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb()}
+    with open(os.path.join(a.dir, f"result-{a.worker}-{rank}.json"), "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(a, way, d):
+    env_sh = os.path.join(ROOT, "mpi_scripts", "env.sh")
+    cmd = (f'. "{env_sh}" && "$SINEW_MPIRUN" "${{SINEW_MPIRUN_FLAGS[@]}}" -n {a.ranks} -x PYTHONPATH '
+           f'"{sys.executable}" "{os.path.abspath(__file__)}" --worker {way} --steps {a.steps} --warmup {a.warmup} '
+           f'--batch {a.batch} --layers {a.layers} --width {a.width} --vocab {a.vocab} --port {free_port()} '
+           f'--dir "{d}"')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(a.build, "python")] +
+                                        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=1800)
+    res = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(d, f"result-{way}-*.json")))]
+    if out.returncode != 0 or len(res) != a.ranks:
+        lines = [l for l in (out.stdout + out.stderr).splitlines() if "Error" in l or "error" in l]
+        return {"error": (lines[-1] if lines else f"exit {out.returncode}")[:300]}
+    return {"step_ms": statistics.median(t for r in res for t in r["step_ms"]),
+            "rss_mb": max(r["rss_mb"] for r in res)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--ways", default=",".join(WAYS))
+    p.add_argument("--out", default=os.path.join(ROOT, "hpc", "bench", "results"))
+    p.add_argument("--build", default=os.environ.get("SINEW_BUILD_DIR", os.path.join(ROOT, "build")))
+    p.add_argument("--worker", choices=WAYS)
+    p.add_argument("--port", type=int, default=29500)
+    p.add_argument("--dir", default="")
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    import torch
+    params = sum(t.numel() for t in build(a).parameters())
+    rows = {}
+    with tempfile.TemporaryDirectory() as d:
+        for way in a.ways.split(","):
+            rows[way] = launch(a, way, d)
+            print(f"{way}: {rows[way]}", flush=True)
+    base = rows.get("ddp", {})
+    print(f"\ntransformer {a.layers}x{a.width}, vocab {a.vocab}: {params / 1e6:.1f} M parameters, AdamW, "
+          f"{a.ranks} ranks, batch {a.batch}x{SEQ} tokens per rank, torch {torch.__version__}")
+    print(f"{'':10}{'peak RSS MB':>12}{'x DDP':>7}{'step ms':>9}{'x DDP':>7}")
+    for way, r in rows.items():
+        if "error" in r:
+            print(f"{way:10}  could not run here: {r['error']}")
+            continue
+        rx = r["rss_mb"] / base["rss_mb"] if "rss_mb" in base else float("nan")
+        sx = r["step_ms"] / base["step_ms"] if "step_ms" in base else float("nan")
+        print(f"{way:10}{r['rss_mb']:12.0f}{rx:7.2f}{r['step_ms']:9.0f}{sx:7.2f}")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "shard_torch_bench.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "params": params, "ranks": a.ranks,
+                   "layers": a.layers, "width": a.width, "vocab": a.vocab, "batch": a.batch, "seq": SEQ,
+                   "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
