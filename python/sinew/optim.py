@@ -175,13 +175,8 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
                          "hold a sharded job's optimizer state: resume from one instead")
     probe = torch.nn.Parameter(torch.zeros(2, dtype=work.flat_params.dtype))
     probe.grad = torch.zeros_like(probe)
-    # The state a first step makes, learned on a two-element twin at learning rate 0 (the constructor's own
-    # arguments only: a class's defaults can hold more, AdamW's decoupled_weight_decay).
-    accepted = inspect.signature(type(opt).__init__).parameters
-    settings = {k: v for k, v in opt.defaults.items()
-                if k in accepted and k not in ("differentiable", "fused", "capturable")}
-    settings.update({k: 0.0 for k in ("lr", "weight_decay") if k in settings})
-    twin = type(opt)([probe], **settings)
+    # The state a first step makes, learned on a two-element twin.
+    twin = type(opt)([probe], **_twin_settings(opt))
     twin.step()
     shaped, other = {}, {}
     for k, v in twin.state[probe].items():
@@ -256,6 +251,17 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
     work.use_sharded_optimizer(kind, make)
 
 
+def _twin_settings(opt):
+    """The settings of a twin of `opt` that makes its first step's state without moving anything: its defaults
+    at learning rate and weight decay 0, those its constructor takes only (a class's defaults can hold more:
+    AdamW's decoupled_weight_decay, which AdamW(...) refuses)."""
+    accepted = inspect.signature(type(opt).__init__).parameters
+    settings = {k: v for k, v in opt.defaults.items()
+                if k in accepted and k not in ("differentiable", "fused", "capturable")}
+    settings.update({k: 0.0 for k in ("lr", "weight_decay") if k in settings})
+    return settings
+
+
 def _flat_state(opt, flat, named_params, offset):
     """The per-parameter state `opt` would create, made beforehand as views of one flat tensor per key: {key: flat}.
 
@@ -269,9 +275,7 @@ def _flat_state(opt, flat, named_params, offset):
     try:
         probe = torch.nn.Parameter(torch.zeros(2, dtype=flat.dtype, device=flat.device))
         probe.grad = torch.zeros_like(probe)
-        settings = {k: v for k, v in opt.defaults.items() if k not in ("differentiable", "fused", "capturable")}
-        settings.update({k: 0.0 for k in ("lr", "weight_decay") if k in settings})
-        twin = type(opt)([probe], **settings)
+        twin = type(opt)([probe], **_twin_settings(opt))
         twin.step()
         made = twin.state[probe]
     except Exception:  # noqa: BLE001 (any optimizer: the general way below then)

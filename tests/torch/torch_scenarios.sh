@@ -393,6 +393,18 @@ PY
     # --shard optimizer in the script's own loop, AdamW with two parameter groups: each rank holds its shards
     # of the optimizer's state; the same parameters as the whole state's, bit for bit; a kill -9 recovered in
     # place from the replicas, as the failure-free run.
+    # AdamW's whole state is made in flat tensors up front (its twin is constructible: AdamW's defaults hold
+    # an argument its constructor refuses), not moved there at the cost of a copy per key.
+    "$python" - <<'PY' || fail "AdamW's state is not made flat"
+import torch
+from sinew.optim import _flat_state
+m = torch.nn.Linear(4, 3)
+flat = torch.zeros(15)
+named = [("weight", m.weight), ("bias", m.bias)]
+opt = torch.optim.AdamW([{"params": [m.weight], "weight_decay": 0.01}, {"params": [m.bias], "weight_decay": 0.0}])
+got = _flat_state(opt, flat, named, {id(m.weight): 0, id(m.bias): 12})
+assert sorted(got) == ["exp_avg", "exp_avg_sq"], got
+PY
     loop 4 180 --optimizer adamw --out "$d/whole.pt" -- "${lcommon[@]}" || fail "whole: exit $?"
     loop 4 180 --optimizer adamw --out "$d/sharded.pt" -- "${lcommon[@]}" --shard optimizer || fail "sharded: exit $?"
     grep -q "optimiser state (AdamW) sharded over 4 ranks, each shard held by 2" "$d/out.txt" || fail "not sharded"
