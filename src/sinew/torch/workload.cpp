@@ -413,12 +413,21 @@ void TorchWorkload::shard_state() {
 
 void TorchWorkload::use_sharded_optimizer(std::string name, ShardFactory make) {
   SINEW_ENFORCE(sharded_, "a sharded optimiser for a workload that does not shard its state");
+  if (shards_made_) {
+    // The runtime made its shards with Sinew's own optimiser already: this one would never be stepped.
+    SINEW_THROW(
+        InvalidArgument,
+        "optimizer {}: given after training started with --shard optimizer; create it before the first "
+        "step",
+        name);
+  }
   external_.reset();
   sharded_name_ = std::move(name);
   shard_factory_ = std::move(make);
 }
 
 std::unique_ptr<optim::Optimizer> TorchWorkload::shard_optimizer(Slice range) {
+  shards_made_ = true;
   if (!shard_factory_) return nullptr;
   ExternalOptimizer o = shard_factory_(range);
   o.name = sharded_name_;

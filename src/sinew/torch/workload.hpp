@@ -255,6 +255,7 @@ class TorchWorkload final : public workload::Workload {
   std::unique_ptr<TensorOptimizer> device_optimizer_;  // on a device
   std::optional<ExternalOptimizer> external_;
   bool sharded_ = false;      // shard_state()
+  bool shards_made_ = false;  // the runtime asked for a shard's optimiser
   std::string sharded_name_;  // use_sharded_optimizer()
   ShardFactory shard_factory_;
   workload::ReadyFn ready_;
