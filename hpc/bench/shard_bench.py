@@ -14,8 +14,8 @@ rank sends per step (the metrics).
 
 A kill: launch rank 2 dies (an injected SIGKILL) inside the gradient allreduce of step 20, --grow false,
 whole and r=2: back at the failed step in place, with the parts of the failure event (detect: the kill ->
-the survivors' error; revoke, shrink, agree; rebuild of the backends; state sync, which for r=2 is the
-reshard: the lost shards rebuilt from their replicas and laid out over 3; the redone step), medians over
+the survivors' error; revoke, shrink, agree; rebuild of the backends; state sync, and the part of it that is
+the reshard for r=2: the lost shards rebuilt from their replicas and laid out over 3; the redone step), medians over
 the rounds. With r=1 the same kill loses a shard: the job exits for a relaunch (exit 75), which is checked.
 
 usage: shard_bench.py [--ranks N] [--rounds R] [--model SPEC] [--steps S] [--json FILE] [--png FILE]
@@ -86,8 +86,9 @@ def kill(name, a, mpirun, flags, train):
         rec = next(e for e in ev if e.get("event") == "recovered")
         parts = {"detect": (f["detected_unix_time"] - t_kill) * 1e3, "revoke": f["revoke_ms"],
                  "shrink": f["shrink_ms"], "agree": f["agree_ms"], "rebuild": f["rebuild_ms"],
-                 "state sync": f["sync_ms"], "first step": rec["first_step_ms"]}
-        parts["other"] = max(0.0, rec["total_ms"] - sum(v for k, v in parts.items() if k != "detect"))
+                 "state sync": f["sync_ms"], "reshard": f.get("reshard_ms", 0.0), "first step": rec["first_step_ms"]}
+        # (The reshard is a part of the state sync, not added again.)
+        parts["other"] = max(0.0, rec["total_ms"] - sum(v for k, v in parts.items() if k not in ("detect", "reshard")))
         return {"parts": parts, "total_ms": parts["detect"] + rec["total_ms"],
                 "recovery_ms": rec["total_ms"] - rec["first_step_ms"]}
 

@@ -155,12 +155,14 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
     }
     spdlog::warn(
         "recovered in place: {} -> {} ranks{} ({}revoke {:.1f} ms, shrink {:.1f} ms, agree {:.1f} ms, "
-        "rebuild {:.1f} ms, state sync {:.1f} ms); continuing at step {}",
+        "rebuild {:.1f} ms, state sync {:.1f} ms{}); continuing at step {}",
         from, from - ev.lost, back,
         ev.on_device
             ? fmt::format("NCCL abort {:.1f} ms, NCCL init {:.1f} ms, ", ev.nccl_abort_ms, ev.nccl_init_ms)
             : "",
-        ev.revoke_ms, ev.shrink_ms, ev.agree_ms, ev.rebuild_ms, ev.sync_ms, state_.pos().step + 1);
+        ev.revoke_ms, ev.shrink_ms, ev.agree_ms, ev.rebuild_ms, ev.sync_ms,
+        ev.reshard_ms >= 0 ? fmt::format(" of which the reshard {:.1f} ms", ev.reshard_ms) : "",
+        state_.pos().step + 1);
   }
   rep.world_size = world;
   return rep;
@@ -176,6 +178,7 @@ void ElasticController::settle(int from, const char* why, FailureEvent* ev) {
     ev->rebuild_ms = rebuild;
     ev->nccl_init_ms = nccl_init;
     ev->sync_ms = sync;
+    ev->reshard_ms = state_.reshard_ms();
   }
   rescale(from, why);
   // Every member now holds the same position, hence the same target.

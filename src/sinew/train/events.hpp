@@ -80,6 +80,9 @@ struct FailureEvent {
   double detected_unix_time = 0;
   std::uint64_t membership_epoch = 0;
   double revoke_ms = 0, shrink_ms = 0, agree_ms = 0, spawn_ms = 0, rebuild_ms = 0, sync_ms = 0;
+  /// --shard optimizer: the part of sync_ms that rebuilt the lost shards and resharded them
+  /// (train/shards.hpp); written only then (< 0: unsharded).
+  double reshard_ms = -1;
   /// --device cuda (`on_device`): aborting the old NCCL communicator (before the shrink) and creating the
   /// new one (part of rebuild_ms); written only then.
   bool on_device = false;

@@ -348,6 +348,8 @@ void ReplicatedState::reshard(comm::Backend& backend, const comm::Options& op, i
   shards_->reshard(backend, work_.params(), op, backend.rank(), backend.size());
 }
 
+double ReplicatedState::reshard_ms() const { return shards_ != nullptr ? shards_->last_reshard_ms() : -1; }
+
 void ReplicatedState::hand_over(comm::Backend& backend, const comm::Options& op,
                                 const std::vector<bool>& leaving) {
   if (shards_ == nullptr) return;

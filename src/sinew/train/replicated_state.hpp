@@ -106,6 +106,8 @@ class ReplicatedState {
   /// holding its shards of it, instead of whole in the workload. From then on checkpoints take each member's
   /// own shard, load() reads the held shards, and synchronise() reshards over the new view.
   void attach_shards(ShardedOptimizer* shards) noexcept { shards_ = shards; }
+  /// With shards: the milliseconds of the last synchronise() spent rebuilding and moving them; else -1.
+  [[nodiscard]] double reshard_ms() const;
 
   /// Collective over the view before the members marked in `leaving` (by rank) leave it: with sharded
   /// state, the staying members take the whole of it over, laid out over them (a leave loses nothing

@@ -244,7 +244,8 @@ double ShardedOptimizer::reshard(comm::Backend& backend, std::span<float> params
   layout_ = next;
   rank_ = new_rank;
   stale_ = false;
-  return seconds_since(t) * 1e3;
+  reshard_ms_ = seconds_since(t) * 1e3;
+  return reshard_ms_;
 }
 
 std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const Config& c, workload::Workload& work) {

@@ -137,6 +137,8 @@ class ShardedOptimizer {
   /// recovery can start again). Returns the milliseconds spent.
   double reshard(comm::Backend& backend, std::span<float> params, const comm::Options& op, int new_rank,
                  int new_world);
+  /// Milliseconds the last reshard() took on this member (0 before any).
+  [[nodiscard]] double last_reshard_ms() const noexcept { return reshard_ms_; }
 
  private:
   std::vector<Held> make_held(int rank, int world) const;
@@ -154,6 +156,7 @@ class ShardedOptimizer {
   float last_lr_ = 0;
   bool stale_ = false;
   std::uint64_t bytes_sent_ = 0;
+  double reshard_ms_ = 0;
 };
 
 /// --shard: this member's sharded optimiser for `work`, or null with --shard none. Throws InvalidArgument
