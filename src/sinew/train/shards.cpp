@@ -91,9 +91,9 @@ ReshardPlan plan_reshard(const ShardLayout& old, const std::vector<int>& old_ran
 
 ShardedOptimizer::ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas,
                                    Factory make)
-    : opts_(std::move(opts)), make_(std::move(make)), total_(total), replicas_(replicas) {
+    : make_(std::move(make)), total_(total), replicas_(replicas) {
   SINEW_ENFORCE(replicas >= 1, "--shard-replicas {}", replicas);
-  if (!make_) make_ = [o = opts_](Slice r) { return optim::make_optimizer(o, r.count); };
+  if (!make_) make_ = [o = std::move(opts)](Slice r) { return optim::make_optimizer(o, r.count); };
   const auto probe = make_(Slice{0, 0});
   name_ = probe->name();
   for (const auto& [name, buf] : probe->state()) names_.push_back(name);

@@ -143,7 +143,6 @@ class ShardedOptimizer {
  private:
   std::vector<Held> make_held(int rank, int world) const;
 
-  optim::OptimizerOptions opts_;
   Factory make_;
   std::size_t total_;
   int replicas_;
