@@ -17,8 +17,15 @@
 #   checkpoint   a checkpoint written sharded at 4 ranks resumed unsharded at 3, and one written unsharded
 #                resumed sharded at 3: the same end state
 #   refusals     the combinations that do not exist say so (exit 2)
+# gradients-SCENARIO: the same scenario with sharded gradients too (--shard gradients, ZeRO-2): the gradient
+# buckets are reduce-scattered to the shards' holders instead of allreduced. Open MPI's reduce-scatter sums
+# in the same order as its allreduce at 4 and 2 ranks (bit for bit, measured) but not at 3 (8.9e-8 apart
+# after 32 Adam steps): these compare within 1e-6.
 set -u
 scenario=$1
+stage=optimizer
+tolerance=0
+case "$scenario" in gradients-*) stage=gradients tolerance=1e-6 ;; esac
 workdir=$2
 train=$3
 ckpt=$4
@@ -49,7 +56,7 @@ job() {
 
 newest() { ls -d "$d/$1"/ckpt-* 2>/dev/null | sort | tail -n 1; }
 
-# same A B: the newest checkpoints of runs A and B hold the same bits.
+# same A B: the newest checkpoints of runs A and B hold the same bits (within $tolerance).
 same() {
   local a b
   a=$(newest "$1")
@@ -59,9 +66,9 @@ same() {
     echo "FAIL $scenario: no checkpoint of $1 or $2"
     return
   fi
-  if "$ckpt" diff "$a" "$b" --tolerance 0 >"$d/diff.txt" 2>&1; then
+  if "$ckpt" diff "$a" "$b" --tolerance $tolerance >"$d/diff.txt" 2>&1; then
     passed=$((passed + 1))
-    echo "ok   $1 = $2 bit for bit ($(basename "$a"))"
+    echo "ok   $1 = $2 within $tolerance ($(basename "$a")): $(grep -o 'max |A-B| .*' "$d/diff.txt")"
   else
     failed=$((failed + 1))
     echo "FAIL $scenario: $1 and $2 differ"
@@ -93,18 +100,18 @@ pair() {
   shift 2
   job "$name-whole" 4 150 --shard none "$@"
   ran "$name-whole" $? "done:"
-  job "$name-sharded" 4 150 --shard optimizer "$@"
+  job "$name-sharded" 4 150 --shard $stage "$@"
   ran "$name-sharded" $? "$pattern"
   same "$name-whole" "$name-sharded"
 }
 
-case "$scenario" in
+case "${scenario#gradients-}" in
   equal)
     job whole 4 120 --shard none
     ran whole $? "done:"
-    job r2 4 120 --shard optimizer --shard-replicas 2
+    job r2 4 120 --shard $stage --shard-replicas 2
     ran r2 $? "sharded over 4 ranks, each shard held by 2"
-    job r1 4 120 --shard optimizer --shard-replicas 1
+    job r1 4 120 --shard $stage --shard-replicas 1
     ran r1 $? "sharded over 4 ranks, each shard held by 1"
     same whole r2
     same whole r1
@@ -127,7 +134,7 @@ case "$scenario" in
   lost)
     # Ranks 1 and 3 hold shard 1 (its owner and its one replica): both die in the same step.
     timeout -k 5 200 "$root/mpi_scripts/sinew-run" -n 4 --events "$d/supervise.jsonl" -- "$train" "${common[@]}" \
-      --checkpoint-dir "$d/lost" --checkpoint-every 5 --audit-dir "$d/lost.audit" --shard optimizer \
+      --checkpoint-dir "$d/lost" --checkpoint-every 5 --audit-dir "$d/lost.audit" --shard $stage \
       --inject-fault 1:backward:12 --inject-fault 3:backward:12 >"$d/lost.txt" 2>&1
     ran lost $? "optimiser state of shard 1 of 4 .* held by ranks 1, 3 of the failed view, all lost" --partial-last
     launches=$(grep -c '"event":"launch"' "$d/supervise.jsonl")
@@ -142,11 +149,11 @@ case "$scenario" in
   checkpoint)
     job w16 4 120 --shard none --max-steps 16
     ran w16 $? "done:" --partial-last
-    job s16 4 120 --shard optimizer --max-steps 16
+    job s16 4 120 --shard $stage --max-steps 16
     ran s16 $? "done:" --partial-last
     same w16 s16
     # Each written one way, resumed the other way at 3 ranks: the same run from the same state.
-    job w-to-s 3 120 --shard optimizer --resume "$(newest w16)"
+    job w-to-s 3 120 --shard $stage --resume "$(newest w16)"
     ran w-to-s $? "resumed from .*ckpt-0000000016" --partial-last
     job s-to-w 3 120 --shard none --resume "$(newest s16)"
     ran s-to-w $? "resumed from .*ckpt-0000000016" --partial-last
@@ -155,6 +162,10 @@ case "$scenario" in
   refusals)
     expect "qadam" 2 "--shard optimizer combines with --algorithm gradient_allreduce or bytegrad.*not with qadam" -- \
       "$train" "${common[@]}" --shard optimizer --algorithm qadam
+    expect "gradients-bytegrad" 2 "--shard gradients: not with --algorithm bytegrad yet" -- \
+      "$train" "${common[@]}" --shard gradients --algorithm bytegrad
+    expect "gradients-qadam" 2 "--shard gradients combines with --algorithm gradient_allreduce \(each" -- \
+      "$train" "${common[@]}" --shard gradients --algorithm qadam
     expect "zero-3" 2 "--shard parameters: not available yet" -- "$train" "${common[@]}" --shard parameters
     expect "replicas" 2 "--shard-replicas must be in \[1, 64\], got 0" -- \
       "$train" "${common[@]}" --shard optimizer --shard-replicas 0

@@ -57,6 +57,57 @@ TEST(MpiBackend, AllgatherInRankOrder) {
       InvalidArgument);
 }
 
+// Blocks of unequal sizes, one of them empty (sharded gradients: a bucket's parts of the shards).
+std::vector<std::size_t> uneven_blocks(int n) {
+  std::vector<std::size_t> c(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    c[static_cast<std::size_t>(i)] = i == 1 ? 0 : static_cast<std::size_t>(3 + 2 * i);
+  return c;
+}
+
+TEST(MpiBackend, ReduceScatterOfUnevenBlocks) {
+  auto b = make();
+  const auto c = uneven_blocks(b.size());
+  const std::size_t total = std::accumulate(c.begin(), c.end(), std::size_t{0});
+  std::vector<float> in(total);
+  for (std::size_t i = 0; i < total; ++i) in[i] = static_cast<float>(i) + static_cast<float>(b.rank()) / 8;
+  const auto me = static_cast<std::size_t>(b.rank());
+  std::vector<float> out(c[me]);
+  b.reduce_scatter(comm::Buffer::of(std::span<float>(in)), comm::Buffer::of(std::span<float>(out)), c,
+                   comm::ReduceOp::kSum, {})
+      ->wait(10s);
+  const std::size_t at = std::accumulate(c.begin(), c.begin() + b.rank(), std::size_t{0});
+  const float ranks = static_cast<float>(b.size() * (b.size() - 1)) / 16;
+  for (std::size_t i = 0; i < out.size(); ++i)
+    ASSERT_EQ(out[i], static_cast<float>(b.size()) * static_cast<float>(at + i) + ranks) << i;
+  std::vector<float> wrong(c[me] + 1);
+  EXPECT_THROW(b.reduce_scatter(comm::Buffer::of(std::span<float>(in)),
+                                comm::Buffer::of(std::span<float>(wrong)), c, comm::ReduceOp::kSum, {}),
+               InvalidArgument);
+}
+
+TEST(MpiBackend, AllgatherVInPlace) {
+  auto b = make();
+  const auto c = uneven_blocks(b.size());
+  std::vector<double> v(std::accumulate(c.begin(), c.end(), std::size_t{0}), -1.0);
+  std::size_t at = 0;
+  for (int r = 0; r < b.size(); ++r) {
+    if (r == b.rank())
+      for (std::size_t i = 0; i < c[static_cast<std::size_t>(r)]; ++i)
+        v[at + i] = r * 100.0 + static_cast<double>(i);
+    at += c[static_cast<std::size_t>(r)];
+  }
+  b.allgather_v(comm::Buffer::of(std::span<double>(v)), c, {})->wait(10s);
+  at = 0;
+  for (int r = 0; r < b.size(); ++r) {
+    for (std::size_t i = 0; i < c[static_cast<std::size_t>(r)]; ++i)
+      ASSERT_EQ(v[at + i], r * 100.0 + static_cast<double>(i)) << r << " " << i;
+    at += c[static_cast<std::size_t>(r)];
+  }
+  std::vector<std::size_t> short_counts(c.begin(), c.end() - 1);
+  EXPECT_THROW(b.allgather_v(comm::Buffer::of(std::span<double>(v)), short_counts, {}), InvalidArgument);
+}
+
 TEST(MpiBackend, RingSendRecv) {
   auto b = make();
   const int n = b.size(), r = b.rank();

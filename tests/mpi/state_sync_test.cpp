@@ -165,6 +165,61 @@ TEST(StateSync, ShardedMemberOneStepBehindRepeatsTheUpdate) {
   expect_as_whole(m, params, *whole);
 }
 
+// --shard gradients (ZeRO-2): each bucket is reduce-scattered to the shards' holders, who hold the sum of
+// their shards' gradients; the rest of the bucket is NaN (this member does not hold it).
+TEST(StateSync, ShardedGradientsReachEveryHolderOfTheirShard) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  optim::OptimizerOptions o;
+  o.name = "adam";
+  ShardedMember m(o);
+  m.shards.arrange(r, n);
+  auto grads = m.work.grads();
+  for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = gradient(r + 1, i);
+  // Two buckets that cut across the shards' boundaries, as the bucketer's do.
+  const std::size_t cut = grads.size() / 3;
+  m.shards.scatter_bucket(backend, grads.subspan(0, cut), 0, comm::Options{});
+  m.shards.scatter_bucket(backend, grads.subspan(cut), cut, comm::Options{});
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    float sum = 0;
+    for (int q = 0; q < n; ++q) sum += gradient(q + 1, i);
+    if (m.shards.holds(i)) {
+      ASSERT_NEAR(grads[i], sum, 1e-6f * (1 + std::abs(sum))) << i;
+    } else {
+      ASSERT_TRUE(std::isnan(grads[i])) << i;
+    }
+  }
+  EXPECT_GT(m.shards.take_bytes_sent(), 0u);
+}
+
+// --shard gradients: a member whose reduction of the last step failed has no reduced gradients of its shards
+// to repeat the update with; it gives its shards up and takes them from holders that completed the step.
+TEST(StateSync, ShardedGradientsMemberBehindTakesItsShardsFromTheirHolders) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  optim::OptimizerOptions o;
+  o.name = "adam";
+  ShardedMember m(o);
+  m.shards.set_gradients_sharded(true);
+  m.shards.arrange(r, n);
+  auto whole = optim::make_optimizer(o, ShardedMember::kParams);
+  std::vector<float> params(m.work.params().begin(), m.work.params().end());
+  std::vector<float> g(params.size());
+  for (int step = 1; step <= 2; ++step) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = gradient(step, i);
+    whole->step(params, g, 0.01f * static_cast<float>(step));
+    if (step == 2 && r == n - 1) break;  // its reduction of step 2 failed
+    std::copy(g.begin(), g.end(), m.work.grads().begin());
+    m.shards.step(m.work.params(), m.work.grads(), 0.01f * static_cast<float>(step));
+    m.state.pos().step = step;
+    if (step == 1) m.shards.gather(backend, m.work.params(), comm::Options{});
+  }
+  m.state.synchronise(backend, comm::Options{});
+  EXPECT_EQ(m.state.pos().step, 2);
+  EXPECT_EQ(m.shards.layout().world, n);
+  expect_as_whole(m, params, *whole);
+}
+
 // A newcomer (a spawned replacement) holds nothing; the members laid out over one rank fewer reshard over
 // the grown group, and it receives its shards from their memory.
 TEST(StateSync, ShardedNewcomerReceivesItsShards) {

@@ -135,6 +135,9 @@ struct Context {
   /// The optimiser step with a learning rate, where the runtime keeps the optimiser (a sharded state,
   /// train/shards.hpp); empty: the workload's own (Workload::optimizer_step).
   std::function<void(float lr)> optimizer_step;
+  /// Replaces the allreduce of one gradient bucket (span, offset) over the backend, where the gradients
+  /// are sharded (train/shards.hpp's ZeRO-2 reduce-scatter to the shards' holders); empty: the allreduce.
+  std::function<void(comm::Backend&, std::span<float>, std::size_t)> scatter_bucket;
 };
 
 class Algorithm {

@@ -40,6 +40,15 @@ void poll_until_complete(Work& w, std::chrono::milliseconds timeout, std::string
   }
 }
 
+std::unique_ptr<Work> Backend::reduce_scatter(Buffer, Buffer, std::span<const std::size_t>, ReduceOp,
+                                              const Options&) {
+  SINEW_THROW(InvalidArgument, "the {} backend has no reduce-scatter of uneven blocks", name());
+}
+
+std::unique_ptr<Work> Backend::allgather_v(Buffer, std::span<const std::size_t>, const Options&) {
+  SINEW_THROW(InvalidArgument, "the {} backend has no all-gather of uneven blocks", name());
+}
+
 std::string Backend::share_sync(const std::string& bytes, bool have, const Options& opts) {
   // The lowest rank that has them: a min over (have ? rank : size).
   std::int64_t v[1] = {have ? rank() : size()};

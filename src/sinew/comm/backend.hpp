@@ -140,6 +140,15 @@ class Backend {
   virtual std::unique_ptr<Work> broadcast(Buffer buf, int root, const Options& opts) = 0;
   /// Gathers `in` from every rank into `out` (size() * in.count elements, rank order).
   virtual std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) = 0;
+  /// Reduce-scatter of uneven blocks: `in` is cut into size() contiguous blocks of `counts` elements (rank
+  /// order, summing to in.count); rank r receives the reduction of block r over all ranks in `out`
+  /// (counts[r] elements). Base: throws InvalidArgument naming the backend (sharded gradients need it).
+  virtual std::unique_ptr<Work> reduce_scatter(Buffer in, Buffer out, std::span<const std::size_t> counts,
+                                               ReduceOp op, const Options& opts);
+  /// All-gather of uneven blocks, in place: `buf` is cut as reduce_scatter's `in`; each rank contributes
+  /// its own block and ends with every block. Base: throws InvalidArgument naming the backend.
+  virtual std::unique_ptr<Work> allgather_v(Buffer buf, std::span<const std::size_t> counts,
+                                            const Options& opts);
   virtual std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) = 0;
   virtual std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) = 0;
   virtual std::unique_ptr<Work> barrier(const Options& opts) = 0;

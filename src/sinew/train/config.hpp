@@ -27,7 +27,7 @@ inline constexpr NameTable<ElasticMode, 3> kElasticNames{
     {{ElasticMode::kOff, "off"}, {ElasticMode::kInplace, "inplace"}, {ElasticMode::kRestart, "restart"}}};
 
 /// --shard: which part of the training state is sharded over the ranks (docs/sharding.md). The names are
-/// the four stages; gradients and parameters (ZeRO-2, ZeRO-3) are refused until they exist.
+/// ZeRO's stages; parameters (ZeRO-3) is refused until it exists.
 enum class ShardStage : std::uint8_t { kNone, kOptimizer, kGradients, kParameters };
 inline constexpr NameTable<ShardStage, 4> kShardNames{{{ShardStage::kNone, "none"},
                                                        {ShardStage::kOptimizer, "optimizer"},
@@ -58,7 +58,7 @@ struct Config {
   float weight_decay = 0.f;
   bool nesterov = false;
   std::string lr_schedule = "cosine";    ///< constant | step | cosine
-  ShardStage shard = ShardStage::kNone;  ///< --shard: none | optimizer (ZeRO-1, train/shards.hpp)
+  ShardStage shard = ShardStage::kNone;  ///< --shard: none | optimizer (ZeRO-1) | gradients (ZeRO-2)
   int shard_replicas = 2;                ///< --shard-replicas: holders of each shard's state
   std::int64_t warmup_steps = 50;
   std::int64_t lr_step_size = 1000;

@@ -63,6 +63,8 @@ struct FabricSetup {
   std::function<double()> compute_ms;                          ///< for `--algorithm auto`
   std::function<void(const nlohmann::json&)> algorithm_event;  ///< the algorithm's own events
   std::function<void(float lr)> optimizer_step;  ///< a sharded optimiser's step (algo::Context's)
+  /// --shard gradients: a bucket's reduce-scatter to its shards' holders (algo::Context's)
+  std::function<void(comm::Backend&, std::span<float>, std::size_t)> scatter_bucket;
   /// A workload on a GPU: collective over the view's MPI backend, picks this member's GPU (opening it the
   /// first time) and returns the gradients in device memory (the flat layout), which NCCL then reduces
   /// as the algorithm declares (algo::DeviceReduction). Empty: the CPU path.

@@ -20,7 +20,7 @@ optim::OptimizerOptions optimizer_options(const Config& c) {
 }
 
 workload::ModelSpec model_spec(const Config& c) {
-  return {c.model, optimizer_options(c), c.device, c.seed, c.shard == ShardStage::kOptimizer};
+  return {c.model, optimizer_options(c), c.device, c.seed, c.shard != ShardStage::kNone};
 }
 
 algo::AlgorithmOptions algorithm_options(const Config& c) {

@@ -102,10 +102,14 @@ po::options_description describe(Config& c, std::string& config_file) {
           ->value_name("STAGE"),
       "none: every rank holds the whole optimiser state | optimizer: each rank holds its shards of it "
       "(ZeRO-1), each shard on --shard-replicas ranks, so that a failed rank's shard is rebuilt from memory "
-      "(docs/sharding.md)")(
-      "shard-replicas", po::value(&c.shard_replicas)->default_value(c.shard_replicas)->value_name("R"),
-      "--shard optimizer: ranks holding each shard's state (1: no redundancy, a failure means a relaunch "
-      "from the newest checkpoint)");
+      "| "
+      "gradients: and the gradients are reduce-scattered to the shards' holders instead of allreduced "
+      "(ZeRO-2) "
+      "(docs/sharding.md)")("shard-replicas",
+                            po::value(&c.shard_replicas)->default_value(c.shard_replicas)->value_name("R"),
+                            "--shard optimizer|gradients: ranks holding each shard's state (1: no "
+                            "redundancy, a failure means a relaunch "
+                            "from the newest checkpoint)");
   // The algorithms' list, from the one table (algo::kAlgorithms).
   static const std::string algorithm_help = [] {
     std::string h = "one of (docs/algorithms.md):";
@@ -379,21 +383,30 @@ namespace {
 void validate_shard(const Config& c) {
   if (c.shard_replicas < 1 || c.shard_replicas > 64)
     SINEW_THROW(InvalidArgument, "--shard-replicas must be in [1, 64], got {}", c.shard_replicas);
-  if (c.shard == ShardStage::kGradients || c.shard == ShardStage::kParameters) {
-    SINEW_THROW(InvalidArgument,
-                "--shard {}: not available yet (sharded gradients and parameters, ZeRO-2 and ZeRO-3, are "
-                "planned); --shard optimizer shards the optimiser state",
-                name_of(kShardNames, c.shard));
+  if (c.shard == ShardStage::kParameters) {
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard parameters: not available yet (sharded parameters, ZeRO-3, are planned); --shard "
+        "gradients shards the gradients and the optimiser state, --shard optimizer the optimiser state");
   }
   if (c.shard == ShardStage::kNone) return;
+  const auto stage = name_of(kShardNames, c.shard);
   if (c.algorithm != algo::Kind::kGradientAllreduce && c.algorithm != algo::Kind::kByteGrad) {
-    SINEW_THROW(InvalidArgument,
-                "--shard optimizer combines with --algorithm gradient_allreduce or bytegrad (each rank "
-                "updates its shards from the reduced gradients), not with {}: use --shard none",
-                name_of(algo::kAlgorithmNames, c.algorithm));
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard {} combines with --algorithm gradient_allreduce{} (each rank updates its shards from "
+        "the reduced gradients), not with {}: use --shard none",
+        stage, c.shard == ShardStage::kOptimizer ? " or bytegrad" : "",
+        name_of(algo::kAlgorithmNames, c.algorithm));
+  }
+  if (c.shard == ShardStage::kGradients && c.algorithm == algo::Kind::kByteGrad) {
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard gradients: not with --algorithm bytegrad yet (its compressed reduction is an allreduce, "
+        "not a reduce-scatter to the shards' holders); use --shard optimizer with bytegrad");
   }
   if (c.device == "cuda")
-    SINEW_THROW(InvalidArgument, "--shard optimizer: not on a GPU yet (--device cuda); use --shard none");
+    SINEW_THROW(InvalidArgument, "--shard {}: not on a GPU yet (--device cuda); use --shard none", stage);
 }
 }  // namespace
 

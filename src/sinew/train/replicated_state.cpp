@@ -334,6 +334,17 @@ void ReplicatedState::reshard(comm::Backend& backend, const comm::Options& op, i
     SINEW_THROW(InternalError, "a member with shards at step {} while another completed step {}", own_step,
                 top);
   }
+  // With sharded gradients (ZeRO-2) no member has the failed step's reduced gradients of shards it does
+  // not hold: a member behind gives its shards up and receives them, like a newcomer, from holders that
+  // completed the step (none did: the shard is lost, and the job relaunches from its checkpoint).
+  if (shards_->gradients_sharded()) {
+    if (behind) {
+      shards_->discard();
+      restore(root_pos);
+    }
+    shards_->reshard(backend, work_.params(), op, backend.rank(), backend.size());
+    return;
+  }
   std::int64_t any[1] = {behind ? 1 : 0};
   backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(any)), comm::ReduceOp::kMax, op);
   if (any[0] != 0) {

@@ -185,6 +185,11 @@ struct Session::Impl {
     if (work.on_device()) s.attach_device = [this](comm::Backend& view) { return attach_device(view); };
     if (cfg.shard != ShardStage::kNone)
       s.optimizer_step = [this](float rate) { shards->step(work.params(), work.grads(), rate); };
+    if (cfg.shard == ShardStage::kGradients) {
+      s.scatter_bucket = [this](comm::Backend& b, std::span<float> bucket, std::size_t offset) {
+        shards->scatter_bucket(b, bucket, offset, setup.op);
+      };
+    }
     return s;
   }
 

@@ -1,6 +1,7 @@
 #include "sinew/train/shards.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,6 +17,8 @@ namespace sinew::train {
 namespace {
 
 constexpr int kTagReshard = 111;  // the state pieces of a reshard (point to point over the new view)
+constexpr int kTagScatter = 112;  // scatter_bucket's reduced parts, from a shard's owner to its other holders
+const float kNotHeld = std::numeric_limits<float>::quiet_NaN();
 
 Slice intersect(Slice a, Slice b) {
   const std::size_t lo = std::max(a.offset, b.offset), hi = std::min(a.end(), b.end());
@@ -137,12 +140,66 @@ void ShardedOptimizer::gather(comm::Backend& backend, std::span<float> params, c
   SINEW_ENFORCE(backend.size() == layout_.world && backend.rank() == rank_,
                 "gather over a view of {} as member {}, the shards are laid out over {} as {}",
                 backend.size(), backend.rank(), layout_.world, rank_);
-  for (int s = 0; s < layout_.world; ++s) {
-    const Slice r = layout_.shard(s);
-    if (r.count > 0) backend.broadcast_sync(comm::Buffer::of(r.of(params)), s, op);
-  }
+  std::vector<std::size_t> counts(static_cast<std::size_t>(layout_.world));
+  for (int s = 0; s < layout_.world; ++s) counts[static_cast<std::size_t>(s)] = layout_.shard(s).count;
+  backend.allgather_v(comm::Buffer::of(params), counts, op)->wait(op.timeout);
   const auto w = static_cast<std::uint64_t>(layout_.world);
   bytes_sent_ += w > 1 ? (w - 1) * total_ * sizeof(float) / w : 0;
+  stale_ = false;
+}
+
+bool ShardedOptimizer::holds(std::size_t e) const {
+  return std::any_of(held_.begin(), held_.end(),
+                     [e](const Held& h) { return e >= h.range.offset && e < h.range.end(); });
+}
+
+void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> bucket, std::size_t offset,
+                                      const comm::Options& op) {
+  SINEW_ENFORCE(
+      arranged() && backend.size() == layout_.world && backend.rank() == rank_,
+      "a gradient reduce-scatter over a view of {} as member {}, the shards are laid out over {} as {}",
+      backend.size(), backend.rank(), layout_.world, rank_);
+  const Slice whole{offset, bucket.size()};
+  const auto in_bucket = [&](int s) { return intersect(layout_.shard(s), whole); };
+  std::vector<std::size_t> counts(static_cast<std::size_t>(layout_.world));
+  for (int s = 0; s < layout_.world; ++s) counts[static_cast<std::size_t>(s)] = in_bucket(s).count;
+  const Slice own = in_bucket(rank_);
+  scatter_out_.resize(std::max(scatter_out_.size(), own.count));
+  const std::span<float> out(scatter_out_.data(), own.count);
+  backend.reduce_scatter(comm::Buffer::of(bucket), comm::Buffer::of(out), counts, comm::ReduceOp::kSum, op)
+      ->wait(op.timeout);
+  const auto local = [&](Slice r) { return bucket.subspan(r.offset - offset, r.count); };
+  std::copy(out.begin(), out.end(), local(own).begin());
+  // The shards' other holders: the owner's reduced part, point to point.
+  comm::Options o = op;
+  o.tag = kTagScatter;
+  std::vector<std::unique_ptr<comm::Work>> works;
+  std::uint64_t sent = 0;
+  if (own.count > 0) {
+    for (const int h : layout_.holders(rank_)) {
+      if (h == rank_) continue;
+      works.push_back(backend.send(comm::Buffer::of(local(own)), h, o));
+      sent += own.count * sizeof(float);
+    }
+  }
+  for (const auto& h : held_) {
+    const Slice part = intersect(h.range, whole);
+    if (h.shard != rank_ && part.count > 0)
+      works.push_back(backend.recv(comm::Buffer::of(local(part)), h.shard, o));
+  }
+  for (auto& w : works) w->wait(op.timeout);
+  // What this member does not hold is a partial sum: NaN, so that a read of it cannot pass unseen.
+  for (int s = 0; s < layout_.world; ++s) {
+    const Slice part = in_bucket(s);
+    if (part.count > 0 && !holds(part.offset)) std::fill_n(local(part).begin(), part.count, kNotHeld);
+  }
+  const auto w = static_cast<std::uint64_t>(layout_.world);
+  bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w + sent;
+}
+
+void ShardedOptimizer::discard() {
+  held_.clear();
+  rank_ = -1;
   stale_ = false;
 }
 
@@ -260,19 +317,23 @@ std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const Config& c, worklo
                 name_of(kShardNames, c.shard), work.describe());
   }
   const optim::OptimizerOptions opts = optimizer_options(c);
-  return std::make_unique<ShardedOptimizer>(
+  auto s = std::make_unique<ShardedOptimizer>(
       opts, work.params().size(), c.shard_replicas, [&work, opts](Slice r) {
         auto own = work.shard_optimizer(r);  // the workload's kind (a torch.optim optimiser's), if it has one
         return own ? std::move(own) : optim::make_optimizer(opts, r.count);
       });
+  s->set_gradients_sharded(c.shard == ShardStage::kGradients);
+  return s;
 }
 
 std::string describe(const ShardedOptimizer& s) {
   const auto mib = [](std::size_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   const std::size_t whole = s.layout().total * s.names().size() * sizeof(float);
   return fmt::format(
-      "optimiser state ({}) sharded over {} ranks, each shard held by {}: {:.1f} MiB per rank of {:.1f} MiB",
-      s.name(), s.layout().world, s.layout().replicas, mib(s.state_bytes()), mib(whole));
+      "optimiser state ({}){} sharded over {} ranks, each shard held by {}: {:.1f} MiB per rank of {:.1f} "
+      "MiB",
+      s.name(), s.gradients_sharded() ? " and reduced gradients" : "", s.layout().world, s.layout().replicas,
+      mib(s.state_bytes()), mib(whole));
 }
 
 }  // namespace sinew::train

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -109,11 +110,35 @@ class ShardedOptimizer {
   [[nodiscard]] float last_lr() const noexcept { return last_lr_; }
   /// Whether ranges of the parameters are stale (a step since the last gather()).
   [[nodiscard]] bool stale() const noexcept { return stale_; }
-  /// Collective: every shard's owner broadcasts its range, so that every member holds the whole model.
+  /// Collective: an all-gather of every shard's range from its owner, so that every member holds the
+  /// whole model.
   void gather(comm::Backend& backend, std::span<float> params, const comm::Options& op);
-  /// Bytes this member sent for gather() since the last call, counted as a bandwidth-optimal all-gather
-  /// sends them ((W-1)/W of the parameters), as the metrics count the allreduce.
-  [[nodiscard]] std::uint64_t take_bytes_sent() noexcept { return std::exchange(bytes_sent_, 0); }
+
+  /// --shard gradients (ZeRO-2), collective, instead of the allreduce of one gradient bucket: `bucket` is
+  /// the range of the gradients at `offset`. Reduce-scatter of the bucket over the shards' owners, then each
+  /// owner sends its reduced part to the shard's other holders, so that every member ends with the summed
+  /// gradients of the shards it holds (all it steps) and with NaN in the rest of the bucket: a read of a
+  /// gradient this member does not hold shows, instead of passing a partial sum for the reduced one.
+  /// Runs on the bucketer's communication thread; waits bounded by op.timeout.
+  void scatter_bucket(comm::Backend& backend, std::span<float> bucket, std::size_t offset,
+                      const comm::Options& op);
+  /// Whether element `e` of the flat buffer is in a shard this member holds.
+  [[nodiscard]] bool holds(std::size_t e) const;
+
+  /// Bytes this member sent for gather() and scatter_bucket() since the last call, counted as the
+  /// bandwidth-optimal collectives send them (an all-gather or a reduce-scatter: (W-1)/W of the buffer),
+  /// as the metrics count the allreduce, plus the replicas' point-to-point parts.
+  [[nodiscard]] std::uint64_t take_bytes_sent() noexcept { return bytes_sent_.exchange(0); }
+
+  /// Gives up this member's shards (it holds nothing afterwards, as a newcomer): a ZeRO-2 member one step
+  /// behind, whose reduced gradients of the failed step are gone, takes its shards from holders that
+  /// completed the step (reshard()).
+  void discard();
+
+  /// --shard gradients: the gradients are reduce-scattered (scatter_bucket), so a member holds only the
+  /// reduced gradients of its shards.
+  [[nodiscard]] bool gradients_sharded() const noexcept { return gradients_sharded_; }
+  void set_gradients_sharded(bool on) noexcept { gradients_sharded_ = on; }
 
   /// The held shards with their state, owner's shard first.
   struct Held {
@@ -154,7 +179,9 @@ class ShardedOptimizer {
   std::int64_t steps_ = 0;
   float last_lr_ = 0;
   bool stale_ = false;
-  std::uint64_t bytes_sent_ = 0;
+  bool gradients_sharded_ = false;
+  std::atomic<std::uint64_t> bytes_sent_{0};  // added to by the communication thread (scatter_bucket)
+  std::vector<float> scatter_out_;            // scatter_bucket's reduce-scatter output
   double reshard_ms_ = 0;
 };
 

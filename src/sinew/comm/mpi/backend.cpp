@@ -66,8 +66,9 @@ class MpiWork final : public Work {
  public:
   /// `backend`: the communicator's; aborted when a collective of this operation is aborted unfinished
   /// (point-to-point operations MPI cancels one by one).
-  MpiWork(std::string what, std::vector<Request> reqs, MpiBackend& backend)
-      : what_(std::move(what)), reqs_(std::move(reqs)), backend_(backend) {}
+  /// `keep`: what MPI reads until the requests complete (the counts and displacements of a -v collective).
+  MpiWork(std::string what, std::vector<Request> reqs, MpiBackend& backend, std::vector<int> keep = {})
+      : what_(std::move(what)), reqs_(std::move(reqs)), backend_(backend), keep_(std::move(keep)) {}
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
   MpiWork(MpiWork&&) = delete;
@@ -127,13 +128,33 @@ class MpiWork final : public Work {
   std::mutex mu_;
   std::vector<Request> reqs_;  // guarded by mu_
   MpiBackend& backend_;
+  std::vector<int> keep_;
   std::atomic<bool> aborted_{false};
 };
 
-std::unique_ptr<Work> one(std::string what, Request r, MpiBackend& backend) {
+std::unique_ptr<Work> one(std::string what, Request r, MpiBackend& backend, std::vector<int> keep = {}) {
   std::vector<Request> v;
   v.push_back(std::move(r));
-  return std::make_unique<MpiWork>(std::move(what), std::move(v), backend);
+  return std::make_unique<MpiWork>(std::move(what), std::move(v), backend, std::move(keep));
+}
+
+/// MPI's counts and displacements of `size` blocks of `counts` (ints, checked), in one vector: counts first.
+std::vector<int> blocks(std::span<const std::size_t> counts, int size, std::size_t total, const char* op) {
+  if (counts.size() != static_cast<std::size_t>(size)) {
+    SINEW_THROW(InvalidArgument, "mpi backend: {} of {} blocks over {} ranks", op, counts.size(), size);
+  }
+  std::vector<int> v(2 * counts.size());
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    v[i] = checked_count(counts[i], op);
+    v[counts.size() + i] = checked_count(at, op);
+    at += counts[i];
+  }
+  if (at != total) {
+    SINEW_THROW(InvalidArgument, "mpi backend: {} of blocks summing to {} over a buffer of {} elements", op,
+                at, total);
+  }
+  return v;
 }
 
 }  // namespace
@@ -192,6 +213,35 @@ std::unique_ptr<Work> MpiBackend::allgather(Buffer in, Buffer out, const Options
   SINEW_MPI(MPI_Iallgather(in.data, n, to_mpi(in.dtype), out.data, n, to_mpi(out.dtype), comm_.get(),
                            r.out_collective()));
   return one(fmt::format("allgather({} x {})", in.count, dtype_name(in.dtype)), std::move(r), *this);
+}
+
+std::unique_ptr<Work> MpiBackend::reduce_scatter(Buffer in, Buffer out, std::span<const std::size_t> counts,
+                                                 ReduceOp op, const Options&) {
+  check_usable();
+  std::vector<int> c = blocks(counts, size_, in.count, "reduce_scatter");
+  if (in.dtype != out.dtype || out.count != counts[static_cast<std::size_t>(rank_)]) {
+    SINEW_THROW(
+        InvalidArgument, "mpi backend: reduce_scatter needs an output of {} elements of {}, got {} of {}",
+        counts[static_cast<std::size_t>(rank_)], dtype_name(in.dtype), out.count, dtype_name(out.dtype));
+  }
+  c.resize(counts.size());  // no displacements: MPI cuts the input by the counts alone
+  Request r;
+  SINEW_MPI(MPI_Ireduce_scatter(in.data, out.data, c.data(), to_mpi(in.dtype), to_mpi(op), comm_.get(),
+                                r.out_collective()));
+  return one(fmt::format("reduce_scatter({} x {})", in.count, dtype_name(in.dtype)), std::move(r), *this,
+             std::move(c));
+}
+
+std::unique_ptr<Work> MpiBackend::allgather_v(Buffer buf, std::span<const std::size_t> counts,
+                                              const Options&) {
+  check_usable();
+  std::vector<int> c = blocks(counts, size_, buf.count, "allgather_v");
+  Request r;
+  const int n = size_;
+  SINEW_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, c.data(), c.data() + n,
+                            to_mpi(buf.dtype), comm_.get(), r.out_collective()));
+  return one(fmt::format("allgather_v({} x {})", buf.count, dtype_name(buf.dtype)), std::move(r), *this,
+             std::move(c));
 }
 
 std::unique_ptr<Work> MpiBackend::send(Buffer buf, int peer, const Options& opts) {

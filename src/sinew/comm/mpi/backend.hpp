@@ -27,6 +27,10 @@ class MpiBackend final : public Backend {
   void allreduce_blocking(Buffer buf, ReduceOp op) override;
   std::unique_ptr<Work> broadcast(Buffer buf, int root, const Options& opts) override;
   std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) override;
+  std::unique_ptr<Work> reduce_scatter(Buffer in, Buffer out, std::span<const std::size_t> counts, ReduceOp op,
+                                       const Options& opts) override;
+  std::unique_ptr<Work> allgather_v(Buffer buf, std::span<const std::size_t> counts,
+                                    const Options& opts) override;
   std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) override;
   std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) override;
   std::unique_ptr<Work> barrier(const Options& opts) override;

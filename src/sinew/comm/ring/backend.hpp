@@ -3,8 +3,9 @@
 //
 // RingBackend implements Backend over an inner backend it does not own. The allreduce of float32 sums
 // (allreduce, allreduce_blocking) is the ring below; every other operation (other element types or
-// reductions, broadcast, allgather, send, recv, barrier) is the inner backend's own, so a RingBackend can
-// stand wherever a Backend is expected. rank(), size() and abort() are the inner backend's too.
+// reductions, broadcast, allgather, reduce_scatter, allgather_v, send, recv, barrier) is the inner backend's
+// own, so a RingBackend can stand wherever a Backend is expected. rank(), size() and abort() are the inner
+// backend's too.
 //
 // The ring splits the buffer into size() nearly equal contiguous blocks (block_of). Reduce-scatter (n-1
 // steps: send one block to the right neighbour, receive one from the left and add it), then allgather
@@ -66,6 +67,14 @@ class RingBackend final : public Backend {
   }
   std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) override {
     return inner_.allgather(in, out, opts);
+  }
+  std::unique_ptr<Work> reduce_scatter(Buffer in, Buffer out, std::span<const std::size_t> counts,
+                                       ReduceOp op, const Options& opts) override {
+    return inner_.reduce_scatter(in, out, counts, op, opts);
+  }
+  std::unique_ptr<Work> allgather_v(Buffer buf, std::span<const std::size_t> counts,
+                                    const Options& opts) override {
+    return inner_.allgather_v(buf, counts, opts);
   }
   std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) override {
     return inner_.send(buf, peer, opts);
