@@ -12,7 +12,10 @@ turns the results into tables and plots.
   sim.py bagua    --sim BIN [--out F]                 Bagua's VGG-16 benchmark (128 V100, 10 and 100
                                                       Gbit/s): DDP against ByteGrad, from published V100
                                                       step times
-  sim.py report   [--results F] [--validation F] [--img DIR] [--tables F]
+  sim.py shard    --sim BIN [--out F] [--ranks LIST]  sharded optimiser state (--shard optimizer, Adam) at
+                                                      R = 1 and 2 against the unsharded job: the step
+                                                      (bytes, time) and the recovery from a killed rank
+  sim.py report   [--results F] [--validation F] [--img DIR] [--tables F] [--shard F]
 
 check exits 77 (skipped) when sinew-sim was not built (no SimGrid), 1 when the model is off by more
 than the tolerance (the recoveries predicted at 4 from costs fitted at 3 are reported, not checked).
@@ -67,6 +70,13 @@ SAMPLING = [("hdr200", 256, "ring", "small"), ("eth10", 256, "ring", "large"),
             ("hdr200", 128, "bytegrad", "small"), ("edr100", 128, "bytegrad", "small"),
             ("eth10", 64, "bytegrad", "small")]
 
+# Where the check compares a sharded job's sampled patterns with their full simulation (sample 0): the
+# step's parameter gather (an all-gather-v, libnbc's all-to-all; as ByteGrad's, smaller on 10 GbE), and an
+# in-place recovery at R = 2, whose reshard broadcasts every old shard's parameters (the first 64
+# broadcasts simulated, the rest at their pace).
+GATHER = [("hdr200", 128), ("eth10", 64)]
+SHARD_RECOVERY = ("hdr200", 256)
+
 # Where the check compares recoveries with ULFM's agreements and the shrink's allgather computed from
 # their routes (the sweep's default when sampling) against the same recoveries with them simulated as
 # flows (--simulate-control): in place, spare and spawn, a killed process and a lost node, on a
@@ -82,6 +92,60 @@ ZONES = [("hdr200", ["step", "--ranks", "256", "--algorithm", "tree"]),
          ("eth10", ["step", "--ranks", "256", "--algorithm", "ring", *LARGE]),
          ("edr100", ["step", "--ranks", "128", "--algorithm", "bytegrad"]),
          ("hdr200", ["recover", "--ranks", "256", "--mode", "restart", "--failure", "node"])]
+
+
+# Sharded optimiser state (docs/scale.md, "Sharded optimiser state"): Adam (two state buffers, as the
+# measurements of docs/benchmarks.md), R = 1 and 2 against the unsharded job, on HDR up to 16 384 ranks:
+# the MLP's and the large workload's steps with Sinew's ring, and the MLP's in-place recovery.
+SHARD_RANKS = [4, 64, 256, 1024, 4096, 16384]
+SHARD_REPLICAS = [0, 1, 2]  # 0: --shard none
+ADAM = ["--optimizer-buffers", "2"]
+PLAN_TIME = os.path.join(HERE, "plan_reshard_time.json")
+SHARD_BENCH = os.path.join(ROOT, "hpc", "bench", "results", "shard_bench.json")
+
+
+def mlp_params(model):
+    """Parameters of sinew-train's --model mlp:H1,H2,... on Fashion-MNIST (784 inputs, 10 classes)."""
+    sizes = [784] + [int(h) for h in model.split(":", 1)[1].split(",")] + [10]
+    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def reshard_ns_per_byte():
+    """A reshard's local work per byte of optimiser state a member holds afterwards, from the reshard
+    measured here (hpc/bench/shard_bench.py: 4 ranks, Adam, R = 2, a kill, resharded over 3): its whole
+    time over the bytes of state a member holds after it. A bound: the measured time also holds the
+    parameters' broadcasts and the pieces' moves through shared memory, which the model simulates again."""
+    with open(SHARD_BENCH) as f:
+        bench = json.load(f)
+    ms = bench["kill"]["r=2"]["parts"]["reshard"]
+    params, ranks, replicas = mlp_params(bench["model"]), bench["ranks"] - 1, 2
+    held = replicas * params / ranks * 2 * 4  # R shards of N/W elements, Adam's two buffers, float32
+    return ms * 1e6 / held
+
+
+def plan_ms(ranks, replicas):
+    """Sinew's plan_reshard on one member at `ranks` (measured at 1 024, 4 096 and 16 384; W^2 from the
+    nearest measured size elsewhere, log-log between them)."""
+    with open(PLAN_TIME) as f:
+        table = {int(w): t for w, t in json.load(f)["seconds"][str(min(replicas, 2))].items()}
+    sizes = sorted(table)
+    if ranks in table:
+        return table[ranks] * 1e3
+    lo = max([w for w in sizes if w < ranks], default=None)
+    hi = min([w for w in sizes if w > ranks], default=None)
+    if lo is None or hi is None:
+        w = lo or hi
+        return table[w] * (ranks / w) ** 2 * 1e3
+    import math
+    x = (math.log(ranks) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return math.exp(math.log(table[lo]) + x * (math.log(table[hi]) - math.log(table[lo]))) * 1e3
+
+
+def shard_args(ranks, replicas):
+    if replicas == 0:
+        return ADAM
+    return [*ADAM, "--shard-replicas", str(replicas), "--reshard-ns-per-byte", f"{reshard_ns_per_byte():.6g}",
+            "--plan-ms", f"{plan_ms(ranks, replicas):.6g}"]
 
 
 def platform_file(name):
@@ -222,12 +286,20 @@ def check(a):
                      *ring, *sample])
     for plat, args in ZONES:
         runs += [[*args, "--platform", platform_file(plat), *fabric] for fabric in ([], ["--simgrid-fat-tree"])]
+    for plat, n in GATHER:
+        runs += [["step", "--platform", platform_file(plat), "--ranks", str(n), "--algorithm", "ring", *ADAM,
+                  "--shard-replicas", "2", *sample] for sample in ([], ["--sample", "0"])]
+    plat, n = SHARD_RECOVERY
+    runs += [["recover", "--platform", platform_file(plat), "--ranks", str(n), "--mode", "in-place", *ring,
+              *shard_args(n, 2), *sample] for sample in ([], ["--sample", "0"])]
     for plat, n, mode, failure in CONTROL:
         runs += [["recover", "--platform", platform_file(plat), "--ranks", str(n), "--mode", mode, "--failure",
                   failure, *ring, *control] for control in ([], ["--simulate-control"])]
     results = run_all(a.sim, a.calibration, a.jobs, runs)
     control_results = results[len(results) - 2 * len(CONTROL):]
     results = results[:len(results) - 2 * len(CONTROL)]
+    results, shard_recovery = results[:-2], results[-2:]
+    results, gather_results = results[:len(results) - 2 * len(GATHER)], results[len(results) - 2 * len(GATHER):]
     results, zone_results = results[:len(results) - 2 * len(ZONES)], results[len(results) - 2 * len(ZONES):]
     for alg, res in zip(MEASURED, results):
         rows.append((f"step {alg}", res["step_ms"], measured["step"][MEASURED[alg]]["4"]["step_ms"], True))
@@ -290,6 +362,24 @@ def check(a):
           f"{o:+7.1%}{'  FAILED' if bad else ''}")
     if bad:
         failures.append("sampling in-place recovery")
+    for i, (plat, n) in enumerate(GATHER):
+        sampled, full = gather_results[2 * i], gather_results[2 * i + 1]
+        o = off(sampled["gather_ms"], full["gather_ms"])
+        bad = abs(o) > SAMPLE_TOLERANCE
+        name = f"sharded gather {plat} {n} ranks"
+        print(f"{name:48} {sampled['gather_ms']:10.3f} {full['gather_ms']:12.3f} {o:+7.1%}{'  FAILED' if bad else ''}")
+        if bad:
+            failures.append(f"sampling {name}")
+    sampled, full = shard_recovery
+    for part in ("state sync", "total"):
+        a_, b_ = (sampled["total_ms"], full["total_ms"]) if part == "total" else \
+            (sampled["parts_ms"][part], full["parts_ms"][part])
+        o = off(a_, b_)
+        bad = abs(o) > SAMPLE_TOLERANCE
+        name = f"sharded in-place recovery {SHARD_RECOVERY[0]} {SHARD_RECOVERY[1]}: {part}"
+        print(f"{name:48} {a_:10.3f} {b_:12.3f} {o:+7.1%}{'  FAILED' if bad else ''}")
+        if bad:
+            failures.append(f"sampling {name}")
     print("# sinew-sim's fat tree vs SimGrid's FatTreeZone: the same simulation must give the same result")
     for i, (plat, args) in enumerate(ZONES):
         ours, theirs = zone_results[2 * i], zone_results[2 * i + 1]
@@ -351,6 +441,33 @@ def sweep(a):
     report_times("sweep")
     out = {"steps": [r for r in results if "algorithm" in r], "recoveries": [r for r in results if "mode" in r]}
     write_json(a.out, out)
+    return 0
+
+
+def shard(a):
+    """Sharded optimiser state at scale: per size and R (0: unsharded), the MLP's and the large workload's
+    ring steps and the MLP's in-place recovery from a killed rank, on HDR (16 384 ranks there only, as the
+    sweep: docs/scale.md)."""
+    ranks = SHARD_RANKS if a.ranks is None else [int(r) for r in a.ranks.split(",")]
+    ovh = overheads(a.sim, a.calibration, a.jobs)
+    plat = platform_file("hdr200")
+    runs = []
+    for n in ranks:
+        for r in SHARD_REPLICAS:
+            step = ["step", "--platform", plat, "--ranks", str(n), "--algorithm", "ring", *overhead_args(ovh, "ring"),
+                    *shard_args(n, r)]
+            runs += [step, [*step, *LARGE]]
+            runs.append(["recover", "--platform", plat, "--ranks", str(n), "--mode", "in-place",
+                         *overhead_args(ovh, "ring"), *shard_args(n, r)])
+    runs.sort(key=lambda r: -int(r[r.index("--ranks") + 1]))
+    print(f"sim.py shard: {len(runs)} simulations, {a.jobs} at a time", file=sys.stderr)
+    results = run_all(a.sim, a.calibration, a.jobs, runs)
+    report_times("shard")
+    write_json(a.out, {"platform": "hdr200", "optimizer": "adam", "algorithm": "ring",
+                       "reshard_ns_per_byte": reshard_ns_per_byte(),
+                       "plan_ms": {str(n): {str(r): plan_ms(n, r) for r in (1, 2)} for n in ranks},
+                       "steps": [r for r in results if "algorithm" in r],
+                       "recoveries": [r for r in results if "mode" in r]})
     return 0
 
 
@@ -457,7 +574,7 @@ def write_json(path, data):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["check", "sweep", "validate", "bagua", "report"])
+    ap.add_argument("command", choices=["check", "sweep", "validate", "bagua", "shard", "report"])
     ap.add_argument("--sim", default=os.path.join(ROOT, "build/hpc/sim/sinew-sim"))
     ap.add_argument("--calibration", default=CALIBRATION)
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
@@ -468,6 +585,8 @@ def main():
     ap.add_argument("--validation", default=os.path.join(HERE, "results", "validation.json"))
     ap.add_argument("--img", default=os.path.join(ROOT, "docs", "img"))
     ap.add_argument("--tables", default=os.path.join(HERE, "results", "tables.md"))
+    ap.add_argument("--shard", default=os.path.join(HERE, "results", "shard.json"),
+                    help="report: sim.py shard's results (left out when the file is missing)")
     a = ap.parse_args()
     if a.command == "check":
         return check(a)
@@ -477,6 +596,9 @@ def main():
     if a.command == "validate":
         a.out = a.out or a.validation
         return validate(a)
+    if a.command == "shard":
+        a.out = a.out or a.shard
+        return shard(a)
     if a.command == "bagua":
         a.out = a.out or os.path.join(HERE, "results", "bagua.json")
         return bagua(a)

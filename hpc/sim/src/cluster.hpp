@@ -63,6 +63,16 @@ struct Cluster {
   mutable std::map<std::string, Pooled> pooled_;
   mutable std::map<std::string, std::vector<double>> send_times_;
   mutable std::map<std::string, Computed> computed_;
+
+ public:
+  /// On a fat tree: the hosts under one switch of each level (positions are node indices), so that
+  /// message_s() can take a route's latency and rate from the first route seen at the same level (every
+  /// route up to level l and down crosses 2l links of the same latency and rate) instead of asking
+  /// SimGrid's routing for every message of the computed agreements.
+  std::vector<long> leaves_under;
+
+ private:
+  mutable std::vector<std::pair<double, double>> route_by_level_;  ///< (latency, rate); rate 0: not yet
 };
 
 /// Whether the small messages of ULFM's agreements and of the shrink's allgather are computed from the
@@ -117,6 +127,26 @@ void bytegrad_allreduce(const Cluster& c, Group& g, double bytes);
 void agreement(const Cluster& c, Group& g, double hop_s);
 /// Allgather of `item` bytes per member by recursive doubling (Bruck).
 void small_allgather(const Cluster& c, Group& g, double item);
+/// MPI_Iallgatherv as libnbc runs it (ompi/mca/coll/libnbc/nbc_iallgatherv.c): every member posts
+/// n-1 receives and n-1 sends of its `bytes` in one round, an all-to-all (sampled as ByteGrad's is).
+void allgather_linear(const Cluster& c, Group& g, double bytes);
+/// One MPI_Ibcast after the other (Sinew's ShardedOptimizer::gather, and the parameters of a reshard):
+/// broadcast i of `bytes[i]` from member `roots[i]`, each shaped as libnbc's (Open MPI's nonblocking
+/// collectives, which Sinew's MPI backend calls): linear up to 4 members, a binomial tree below 64 KiB,
+/// a chain in 8 KiB fragments below 512 KiB and in 32 KiB ones above. Sampled (Options::sample > 0): the
+/// first max(4, sample) broadcasts simulated, the others at their pace.
+void sequential_broadcasts(const Cluster& c, Group& g, const std::vector<int>& roots,
+                           const std::vector<double>& bytes);
+/// Point-to-point moves of a reshard's pieces: `messages` messages of `bytes` in all to or from `peer`.
+struct Transfer {
+  int peer = 0;
+  int messages = 0;
+  double bytes = 0;
+};
+/// Every member posts its receives, then its sends (the per-message overhead for each message; one flow
+/// per peer), and waits for all (ShardedOptimizer::reshard's state pieces).
+void exchange(const Cluster& c, Group& g, const std::vector<Transfer>& sends,
+              const std::vector<Transfer>& recvs);
 /// Reliable broadcast of a small message from `root` down a binomial tree (ULFM's revoke and failure
 /// propagation); `hop_s` per forward.
 void binomial_broadcast(const Cluster& c, Group& g, int root, double hop_s);

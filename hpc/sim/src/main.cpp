@@ -71,7 +71,9 @@ int run(int argc, char** argv) {
   }
   std::string calibration, platform = "local", algorithm = "ring", mode = "in-place", failure = "process";
   int ranks = 4, fit_ranks = 4;
-  double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0, codec_gbs = 0;
+  double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0, codec_gbs = 0, reshard_ns_per_byte = 0,
+         plan_ms = 0;
+  int shard_replicas = 0, optimizer_buffers = 1;
   Options o;
   po::options_description d("sinew-sim " + what);
   d.add_options()("calibration", po::value(&calibration)->required(), "calibrate.py's measurements (JSON)")(
@@ -90,6 +92,15 @@ int run(int argc, char** argv) {
       "codec-gbs", po::value(&codec_gbs),
       "GB/s of floats at which a rank sums, quantises and dequantises buffers (default: the calibration "
       "core's; a GPU's for a GPU workload)")(
+      "optimizer-buffers", po::value(&optimizer_buffers)->default_value(optimizer_buffers),
+      "the optimiser's state buffers per parameter: 1 (SGD's momentum, the calibration's), 2 (Adam's)")(
+      "shard-replicas", po::value(&shard_replicas)->default_value(shard_replicas),
+      "--shard optimizer with this many holders per shard (--shard-replicas); 0: --shard none")(
+      "reshard-ns-per-byte", po::value(&reshard_ns_per_byte)->default_value(0),
+      "sharded: a reshard's local work per byte of optimiser state a member holds afterwards (sim.py "
+      "states it from hpc/bench/results/shard_bench.json)")(
+      "plan-ms", po::value(&plan_ms)->default_value(0),
+      "sharded: Sinew's plan_reshard on one member at this size (sim.py: hpc/sim/plan_reshard_time.json)")(
       "overhead-ms-per-mparam", po::value(&overhead)->default_value(0),
       "CPU ms per step and million parameters beyond the simulated work (sim.py fits it per algorithm)")(
       "sample", po::value(&o.sample)->default_value(o.sample),
@@ -134,6 +145,13 @@ int run(int argc, char** argv) {
   if (w.bucket_bytes <= 0) throw std::invalid_argument("--bucket-mb must be > 0");
   if (overhead < 0) throw std::invalid_argument("--overhead-ms-per-mparam must be >= 0");
   w.overhead_s_per_param = overhead / 1e3 / 1e6;
+  if (optimizer_buffers < 0 || shard_replicas < 0 || reshard_ns_per_byte < 0 || plan_ms < 0)
+    throw std::invalid_argument(
+        "--optimizer-buffers, --shard-replicas, --reshard-ns-per-byte and --plan-ms must be >= 0");
+  w.optimizer_buffers = optimizer_buffers;
+  w.shard_replicas = shard_replicas;
+  w.reshard_s_per_byte = reshard_ns_per_byte * 1e-9;
+  w.plan_s = plan_ms / 1e3;
   if (w.params <= 0 || w.compute_s < 0) throw std::invalid_argument("--params > 0 and --compute-ms >= 0");
   const Platform p = platform == "local" ? cal.local : load_platform(read_json(platform));
 
@@ -142,9 +160,14 @@ int run(int argc, char** argv) {
            {"ranks", ranks},
            {"workload", w.name},
            {"params", w.params},
-           {"compute_step_ms", w.compute_s * 1e3}};
+           {"compute_step_ms", w.compute_s * 1e3},
+           {"optimizer_buffers", w.optimizer_buffers},
+           {"shard_replicas", w.shard_replicas}};
   if (what == "step") {
     const Algorithm a = algorithm_from_name(algorithm);
+    if (w.sharded() && a != Algorithm::kRing && a != Algorithm::kTree && a != Algorithm::kByteGrad)
+      throw std::invalid_argument(
+          "--shard-replicas: Sinew shards the optimiser with ring, tree or bytegrad only");
     const StepResult r = simulate_step(sg_argc, simgrid_args.data(), p, cal, w, a, ranks, o);
     out.update({{"algorithm", algorithm_name(a)},
                 {"step_ms", r.step_s * 1e3},
@@ -152,6 +175,7 @@ int run(int argc, char** argv) {
                 {"exposed_comm_ms", r.exposed_comm_s * 1e3},
                 {"bytes_per_rank", r.bytes_per_rank},
                 {"sampled", r.sampled}});
+    if (w.sharded()) out["gather_ms"] = r.gather_s * 1e3;
   } else {
     const Mode m = mode_from_name(mode);
     const Failure f = failure_from_name(failure);
@@ -166,6 +190,10 @@ int run(int argc, char** argv) {
                 {"parts_ms", parts},
                 {"total_ms", r.total_s * 1e3},
                 {"ranks_after", r.ranks_after}});
+    if (w.sharded()) {
+      out["moved_state_bytes"] = r.moved_state_bytes;
+      out["moved_state_messages"] = r.moved_state_messages;
+    }
   }
   std::cout << out.dump() << "\n";
   return 0;

@@ -2,10 +2,12 @@
 // (a process killed, or a node lost) in each of Sinew's four modes.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
 #include "cluster.hpp"
+#include "shard_plan.hpp"
 
 namespace sinew::sim {
 
@@ -54,10 +56,20 @@ void allreduce(const Cluster& c, Group& g, double bytes, Algorithm a) {
   if (a == Algorithm::kByteGrad) bytegrad_allreduce(c, g, bytes);
 }
 
+/// Owners and bytes of one broadcast each (a reshard's parameters).
+struct Broadcasts {
+  std::vector<int> roots;
+  std::vector<double> bytes;
+};
+
 /// One rank's step: forward, backward with its buckets handed to a communication actor as they become
 /// final (the exact and ByteGrad allreduces overlap backward), the exchange of the model for the
-/// decentralized ones, and the optimiser. Returns the communication not hidden behind computation.
-double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a) {
+/// decentralized ones, and the optimiser. Sharded (--shard optimizer): the update of the R shards this
+/// member holds (R/n of the optimiser's work), then the parameters' gather, one all-gather-v of the
+/// owners' shards (ShardedOptimizer::gather, MPI_Iallgatherv; Sinew does it before the next forward pass,
+/// the same place in a loop of steps). Returns the communication not hidden behind computation (the
+/// gather's also in `gather_s`).
+double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a, double* gather_s = nullptr) {
   const double fwd = w.compute_s * (1 - w.backward_frac - w.optimizer_frac);
   const double bwd = w.compute_s * w.backward_frac;
   const double opt = w.compute_s * w.optimizer_frac;
@@ -88,9 +100,18 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a) {
       t = sg4::Engine::get_clock();
       comm->join();
     }
-    const double exposed = sg4::Engine::get_clock() - t;
-    compute(c, opt + w.overhead_s_per_param * w.params);
-    return exposed;
+    double exposed = sg4::Engine::get_clock() - t;
+    if (!w.sharded()) {
+      compute(c, opt + w.overhead_s_per_param * w.params);
+      return exposed;
+    }
+    const int n = g.size();
+    compute(c, opt * std::min(w.shard_replicas, n) / n + w.overhead_s_per_param * w.params);
+    const double t_gather = sg4::Engine::get_clock();
+    allgather_linear(c, g, 4 * w.params / n);  // shards differ by one element at most
+    const double gather = sg4::Engine::get_clock() - t_gather;
+    if (gather_s != nullptr) *gather_s = gather;
+    return exposed + gather;
   }
   compute(c, bwd + opt + w.overhead_s_per_param * w.params);
   const double t = sg4::Engine::get_clock();
@@ -125,6 +146,13 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a) {
 double bytes_per_rank(const Workload& w, Algorithm a, int n) {
   if (n < 2) return 0;
   const double ring = 2.0 * (n - 1) / n;
+  // Sharded: the gather, counted as Sinew's metrics count it (ShardedOptimizer::take_bytes_sent: a
+  // bandwidth-optimal all-gather's (n-1)/n of the parameters; the broadcasts' trees send more in all).
+  if (w.sharded()) {
+    Workload whole = w;
+    whole.shard_replicas = 0;
+    return bytes_per_rank(whole, a, n) + (n - 1.0) / n * 4 * w.params;
+  }
   switch (a) {
     case Algorithm::kRing:
     case Algorithm::kTree:
@@ -201,20 +229,22 @@ StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibr
   sg4::Engine e(&argc, argv);
   configure(e, p, ranks);
   auto cluster = build_cluster(e, p, cal, ranks, o);
-  std::vector<double> end(static_cast<std::size_t>(ranks)), exposed(end.size());
+  std::vector<double> end(static_cast<std::size_t>(ranks)), exposed(end.size()), gather(end.size());
   const Members world = make_members(iota(ranks));
   for (int r = 0; r < ranks; ++r) {
     sg4::Actor::create("rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
-                       [&c = *cluster, &w, a, r, &world, &end, &exposed] {
+                       [&c = *cluster, &w, a, r, &world, &end, &exposed, &gather] {
                          Group g{"world", world, r};
-                         exposed[static_cast<std::size_t>(r)] = train_step(c, g, w, a);
-                         end[static_cast<std::size_t>(r)] = sg4::Engine::get_clock();
+                         const auto i = static_cast<std::size_t>(r);
+                         exposed[i] = train_step(c, g, w, a, &gather[i]);
+                         end[i] = sg4::Engine::get_clock();
                        });
   }
   e.run();
   StepResult out;
   out.step_s = *std::max_element(end.begin(), end.end());
   out.exposed_comm_s = std::accumulate(exposed.begin(), exposed.end(), 0.0) / ranks;
+  out.gather_s = std::accumulate(gather.begin(), gather.end(), 0.0) / ranks;
   out.compute_s = out.step_s - out.exposed_comm_s;
   out.bytes_per_rank = bytes_per_rank(w, a, ranks);
   // Only the ring's steps and the all-to-all's shifts are sampled (the tree, the decentralized
@@ -254,6 +284,59 @@ class Phases {
   std::vector<double> end_;
 };
 
+/// A sharded job's reshard after the failure, as every survivor computes it (plan_reshard): each old
+/// shard's parameters broadcast from its source, the state's pieces that move between members, and what
+/// each member holds afterwards. Shared by the members of the simulation.
+struct Reshard {
+  bool lost = false;  ///< a shard none of whose holders survived (R = 1): exit for a relaunch
+  Broadcasts params;  ///< per old shard: its source (a member of the survivors) and its bytes
+  std::vector<std::vector<Transfer>> sends, recvs;  ///< per member
+  std::vector<double> held_bytes;                   ///< per member: optimiser state held afterwards
+  double moved_bytes = 0;                           ///< state sent between members, in all
+  int messages = 0;
+};
+
+Reshard plan_reshard(const Workload& w, int n, int victim) {
+  Reshard r;
+  const auto total = static_cast<std::int64_t>(w.params);
+  const ShardGeometry old(total, n, w.shard_replicas), next(total, n - 1, w.shard_replicas);
+  std::vector<int> old_rank, new_rank;
+  for (int q = 0; q < n; ++q) {
+    if (q == victim) continue;
+    old_rank.push_back(q);
+    new_rank.push_back(static_cast<int>(new_rank.size()));
+  }
+  const StatePlan plan = plan_state(old, old_rank, new_rank, next);
+  r.lost = plan.lost >= 0;
+  if (r.lost) return r;
+  for (int s = 0; s < n; ++s) {
+    r.params.roots.push_back(plan.source[static_cast<std::size_t>(s)]);
+    r.params.bytes.push_back(4.0 * static_cast<double>(old.end(s) - old.begin(s)));
+  }
+  const auto m = static_cast<std::size_t>(n - 1);
+  r.sends.resize(m);
+  r.recvs.resize(m);
+  r.held_bytes.assign(m, 0.0);
+  // One message per piece and state buffer (reshard() sends each buffer's piece on its own); one flow
+  // per pair of members in the simulation, with the overheads of all its messages.
+  std::map<std::pair<int, int>, Transfer> pairs;
+  const double per_elem = 4.0 * w.optimizer_buffers;
+  for (const StatePiece& piece : plan.pieces) {
+    r.held_bytes[static_cast<std::size_t>(piece.to)] += per_elem * static_cast<double>(piece.count);
+    if (piece.from == piece.to) continue;
+    Transfer& t = pairs[{piece.from, piece.to}];
+    t.messages += w.optimizer_buffers;
+    t.bytes += per_elem * static_cast<double>(piece.count);
+    r.moved_bytes += per_elem * static_cast<double>(piece.count);
+    r.messages += w.optimizer_buffers;
+  }
+  for (const auto& [fromto, t] : pairs) {
+    r.sends[static_cast<std::size_t>(fromto.first)].push_back({fromto.second, t.messages, t.bytes});
+    r.recvs[static_cast<std::size_t>(fromto.second)].push_back({fromto.first, t.messages, t.bytes});
+  }
+  return r;
+}
+
 struct RecoveryRun {
   const Cluster& c;
   const Workload& w;
@@ -266,7 +349,9 @@ struct RecoveryRun {
   std::vector<sg4::SemaphorePtr> told;                   ///< per node: its rank has learnt of the failure
   sg4::SemaphorePtr down = sg4::Semaphore::create(0);    ///< restart: a survivor has stopped
   sg4::SemaphorePtr exited = sg4::Semaphore::create(0);  ///< restart: the job has exited
-  double step_s = 0;  ///< the first step after recovery (the replay's unit)
+  double step_s = 0;                        ///< the first step after recovery (the replay's unit)
+  const Reshard* reshard = nullptr;         ///< a sharded job's (in place)
+  std::string relaunched_after = "detect";  ///< the phase that ends when the failed job has exited
   [[nodiscard]] const InPlaceCosts& costs() const {
     const Costs& k = c.calibration->costs;
     return mode == Mode::kSpare ? k.spare : mode == Mode::kSpawn ? k.spawn : k.in_place;
@@ -284,6 +369,14 @@ std::vector<std::string> phase_names(Mode m) {
       return {"detect", "relaunch", "data load", "checkpoint load", "first step", "replay"};
   }
   return {};
+}
+
+/// A sharded job whose failure lost a shard (R = 1): the in-place recovery up to the reshard's plan, which
+/// finds the shard lost; every survivor exits (75) and sinew-run relaunches the job from its newest
+/// checkpoint, as a restart does.
+std::vector<std::string> lost_shard_phase_names() {
+  return {"detect", "revoke",   "shrink",    "agree",           "rebuild",    "state sync",
+          "exit",   "relaunch", "data load", "checkpoint load", "first step", "replay"};
 }
 
 // Detection. A killed process: its node's runtime daemon notices and reports to the launcher, which
@@ -375,7 +468,25 @@ void in_place(RecoveryRun& run, int node, const Members& group_nodes) {
   software(k.rebuild_s);
   run.phases.done("rebuild");
   agreement(c, g, hop);  // who is the most advanced
-  tree_broadcast(c, g, 0, run.w.state_bytes());
+  if (run.reshard == nullptr) {
+    tree_broadcast(c, g, 0, run.w.state_bytes());
+    software(k.sync_s);
+    run.phases.done("state sync");
+    return;
+  }
+  // Sharded (ShardedOptimizer::reshard): who held what (an allgather of 3 int64 per member), the plan,
+  // then each old shard's parameters from its source and the state's pieces point to point, into fresh
+  // buffers. The rest of the state sync (the position, the checksum) is the fitted software part.
+  const Reshard& r = *run.reshard;
+  small_allgather(c, g, 24);
+  software(run.w.plan_s);
+  if (r.lost) {
+    run.phases.done("state sync");
+    return;
+  }
+  sequential_broadcasts(c, g, r.params.roots, r.params.bytes);
+  exchange(c, g, r.sends[static_cast<std::size_t>(g.me)], r.recvs[static_cast<std::size_t>(g.me)]);
+  software(run.w.reshard_s_per_byte * r.held_bytes[static_cast<std::size_t>(g.me)]);
   software(k.sync_s);
   run.phases.done("state sync");
 }
@@ -453,7 +564,7 @@ void restart(RecoveryRun& run, const Members& nodes) {
       const Cluster& cl = run.c;
       if (v == 0) {  // the supervisor relaunches once mpirun has exited
         run.exited->acquire();
-        run.phases.done("detect");
+        run.phases.done(run.relaunched_after);
         software(k.launch_s);
       }
       daemon_broadcast(cl, "launch", v, vertices, 4096);  // start the daemons
@@ -501,7 +612,15 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
   configure(e, p, ranks);
   const int extra = 1;  // the spare, the node a replacement is spawned on, or the restart's replacement
   auto cluster = build_cluster(e, p, cal, ranks + extra, o);
-  RecoveryRun run{*cluster, w, m, f, ranks, ranks / 2, Phases(phase_names(m)), -1, {}};
+  if (w.sharded() && m != Mode::kInPlace)
+    throw std::invalid_argument("a sharded job's recovery is modelled in place only (--mode in-place)");
+  Reshard reshard;
+  if (w.sharded()) reshard = plan_reshard(w, ranks, ranks / 2);
+  const bool lost = w.sharded() && reshard.lost;
+  RecoveryRun run{
+      *cluster, w, m, f, ranks, ranks / 2, Phases(lost ? lost_shard_phase_names() : phase_names(m)), -1, {}};
+  if (w.sharded()) run.reshard = &reshard;
+  if (lost) run.relaunched_after = "exit";
   for (int i = 0; i < ranks + extra; ++i) run.told.push_back(sg4::Semaphore::create(0));
 
   // Before the failure: a step's computation; the victim dies as it enters the allreduce (the
@@ -536,6 +655,10 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
                                         return;  // torn down
                                       }
                                       in_place(run, r, recovered);
+                                      if (run.relaunched_after == "exit") {  // a shard lost: exit 75
+                                        run.down->release();
+                                        return;
+                                      }
                                       Group g{"recovered", recovered, index_of(*recovered, r)};
                                       if (run.mode == Mode::kSpawn) {
                                         spawn_survivor(run, g, with_new);
@@ -560,11 +683,13 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
   const Members& alive = recovered;                      // the processes that learn of the failure
   if (f == Failure::kNode) start_detection(run, alive);  // the heartbeats run from the start
   // The failure's time is known once the victim reaches its fault point; detection starts from there.
-  sg4::Actor::create("start", cluster->launcher, [&run, victim, ranks, m, &alive, new_node] {
+  sg4::Actor::create("start", cluster->launcher, [&run, victim, ranks, m, &alive, new_node, lost] {
     while (run.t_fail < 0) sg4::this_actor::sleep_for(1e-4);
     kill_victim(run, victim);
     if (run.failure == Failure::kProcess) start_detection(run, alive);
-    if (m == Mode::kRestart) {
+    // A restart, or a sharded job that lost a shard: the survivors stop (torn down, or exit 75 after
+    // the in-place recovery's plan), mpirun exits, the supervisor relaunches.
+    if (m == Mode::kRestart || lost) {
       // Tear-down: after the survivors' daemons heard (detection), the launcher kills every rank, the
       // daemons confirm, and the supervisor sees mpirun exit.
       sg4::Actor::create("teardown", run.c.launcher, [&run, ranks] {
@@ -580,7 +705,11 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
   });
   e.run();
   RecoveryResult r = run.phases.result(run.t_fail);
-  r.ranks_after = m == Mode::kInPlace ? ranks - 1 : ranks;
+  r.ranks_after = m == Mode::kInPlace && !lost ? ranks - 1 : ranks;
+  if (w.sharded() && !lost) {
+    r.moved_state_bytes = reshard.moved_bytes;
+    r.moved_state_messages = reshard.messages;
+  }
   return r;
 }
 

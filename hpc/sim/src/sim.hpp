@@ -59,7 +59,18 @@ struct Workload {
   /// CPU time of a step on the calibration core beyond what the simulated messages and passes explain
   /// (an algorithm's own bookkeeping); fitted by sim.py from the 2-rank steps, per parameter.
   double overhead_s_per_param = 0;
-  double state_bytes() const { return 8 * params; }  ///< parameters + SGD momentum
+  /// The optimiser's state buffers per parameter: 1 (SGD's momentum, the calibration's), 2 (Adam's).
+  int optimizer_buffers = 1;
+  /// --shard optimizer (ZeRO-1, train/shards.cpp) with this many holders per shard; 0: --shard none.
+  int shard_replicas = 0;
+  /// A reshard's local work per byte of optimiser state a member holds afterwards (fresh buffers, the
+  /// copies of what it kept); stated by sim.py from hpc/bench/results/shard_bench.json.
+  double reshard_s_per_byte = 0;
+  /// Sinew's plan_reshard on one member at this size (measured, hpc/sim/plan_reshard_time.json).
+  double plan_s = 0;
+  /// The state a member holds whole: the parameters and the optimiser's buffers.
+  double state_bytes() const { return 4.0 * (1 + optimizer_buffers) * params; }
+  [[nodiscard]] bool sharded() const { return shard_replicas > 0; }
 };
 
 /// What one rank spends in software during an in-place recovery, outside the network (fitted per mode:
@@ -116,6 +127,7 @@ std::string algorithm_name(Algorithm a);
 
 struct StepResult {
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bytes_per_rank = 0;
+  double gather_s = 0;   ///< sharded: the parameters' gather after the update (in exposed_comm_s)
   bool sampled = false;  ///< long uniform loops simulated in part and extrapolated (sample > 0)
 };
 
@@ -129,6 +141,8 @@ struct RecoveryResult {
   std::vector<std::pair<std::string, double>> parts_s;  ///< in the order they happen
   double total_s = 0;
   int ranks_after = 0;
+  double moved_state_bytes = 0;  ///< sharded: optimiser state sent between members by the reshard
+  int moved_state_messages = 0;
 };
 
 struct Options {
