@@ -283,6 +283,87 @@ def plot_validation(val, path):
     plt.close(fig)
 
 
+SHARD_LABELS = {0: "unsharded (--shard none)", 1: "--shard optimizer, R = 1", 2: "--shard optimizer, R = 2"}
+
+
+def fmt_mb(b):
+    return f"{b / 1e6:.3g} MB" if b >= 1e5 else f"{b / 1e3:.3g} kB"
+
+
+def shard_tables(sh):
+    """sim.py shard: the step's bytes and time, and the recovery from a killed rank, per R."""
+    steps, rec = sh["steps"], sh["recoveries"]
+    ranks = sorted({r["ranks"] for r in rec})
+    step = {(r["params"] > 1e7, r["ranks"], r["shard_replicas"]): r
+            for r in steps}
+    lines = ["", f"## Sharded optimiser state (sim.py shard: {sh['platform']}, Adam, Sinew's ring allreduce)", ""]
+    for large, name in [(False, "Fashion-MNIST MLP (0.67 M parameters)"),
+                        (True, "ResNet-50-sized (25.6 M parameters, 100 ms of computation)")]:
+        lines += [f"Step, {name}: time (of it the parameters' gather) and bytes sent per rank and step", "",
+                  "| ranks | unsharded | R = 1 | R = 2 | R = 2 vs R = 1 | R = 2 vs unsharded | bytes unsharded | "
+                  "bytes sharded (R = 1, 2) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n in ranks:
+            u, r1, r2 = (step.get((large, n, r)) for r in (0, 1, 2))
+            if not (u and r1 and r2):
+                continue
+            lines.append(f"| {n} | {fmt_ms(u['step_ms'])} | {fmt_ms(r1['step_ms'])} ({fmt_ms(r1['gather_ms'])}) | "
+                         f"{fmt_ms(r2['step_ms'])} ({fmt_ms(r2['gather_ms'])}) | "
+                         f"{r2['step_ms'] - r1['step_ms']:+.3g} ms | {r2['step_ms'] / u['step_ms']:.2f}x | "
+                         f"{fmt_mb(u['bytes_per_rank'])} | {fmt_mb(r2['bytes_per_rank'])} "
+                         f"({r2['bytes_per_rank'] / u['bytes_per_rank']:.2f}x) |")
+        lines.append("")
+    recs = {(r["ranks"], r["shard_replicas"]): r for r in rec}
+    lines += ["Recovery of the MLP from a killed rank (in place; at R = 1 the rank's shard is lost: the survivors "
+              "exit 75 and sinew-run relaunches from the newest checkpoint), ms", "",
+              "| ranks | unsharded | R = 2 | R = 2: state sync (plan) | unsharded: state sync | R = 2: first step | "
+              "unsharded: first step | R = 2: state moved | R = 1 (relaunch) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in ranks:
+        u, r1, r2 = (recs.get((n, r)) for r in (0, 1, 2))
+        if not (u and r1 and r2):
+            continue
+        plan = sh["plan_ms"][str(n)]["2"]
+        lines.append(f"| {n} | {fmt_ms(u['total_ms'])} | {fmt_ms(r2['total_ms'])} | "
+                     f"{fmt_ms(r2['parts_ms']['state sync'])} ({fmt_ms(plan)}) | {fmt_ms(u['parts_ms']['state sync'])} | "
+                     f"{fmt_ms(r2['parts_ms']['first step'])} | {fmt_ms(u['parts_ms']['first step'])} | "
+                     f"{fmt_mb(r2.get('moved_state_bytes', 0))} | {fmt_ms(r1['total_ms'])} |")
+    return lines
+
+
+def plot_shard(sh, path):
+    steps, rec = sh["steps"], sh["recoveries"]
+    colours = {0: "tab:gray", 1: "tab:orange", 2: "tab:blue"}
+    fig, axes = plt.subplots(1, 3, figsize=(12.6, 4.2))
+    ranks = sorted({r["ranks"] for r in rec})
+    for ax, large, title in [(axes[0], False, "step, MLP (0.67 M)"), (axes[1], True, "step, ResNet-50-sized (25.6 M)")]:
+        for r in (0, 1, 2):
+            pts = sorted((x["ranks"], x["step_ms"]) for x in steps
+                         if x["shard_replicas"] == r and (x["params"] > 1e7) == large)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, color=colours[r], label=SHARD_LABELS[r],
+                        linestyle="--" if r == 1 else "-")
+        log_axes(ax, ranks)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("ranks")
+    axes[0].set_ylabel("ms per step (ring allreduce, Adam)")
+    axes[0].legend(fontsize=6, loc="upper left")
+    ax = axes[2]
+    for r in (0, 1, 2):
+        pts = sorted((x["ranks"], x["total_ms"]) for x in rec if x["shard_replicas"] == r)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", ms=3, color=colours[r],
+                    label=SHARD_LABELS[r] + (": shard lost, relaunch" if r == 1 else ""))
+    log_axes(ax, ranks)
+    ax.set_title("recovery from a killed rank, MLP", fontsize=10)
+    ax.set_xlabel("ranks before the failure")
+    ax.set_ylabel("ms from the failure until training is back")
+    ax.legend(fontsize=6, loc="upper left")
+    fig.suptitle("Sharded optimiser state at scale, simulated (SimGrid), HDR 200 Gb/s", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def main(a):
     sweep = load(a.results)
     val = load(a.validation) if os.path.exists(a.validation) else None
@@ -301,6 +382,11 @@ def main(a):
     if val:
         plot_validation(val, os.path.join(a.img, "scale_validation.png"))
         lines += validation_table(val)
+    shard_path = getattr(a, "shard", None)
+    if shard_path and os.path.exists(shard_path):
+        sh = load(shard_path)
+        plot_shard(sh, os.path.join(a.img, "scale_shard.png"))
+        lines += shard_tables(sh)
     os.makedirs(os.path.dirname(os.path.abspath(a.tables)), exist_ok=True)
     with open(a.tables, "w") as f:
         f.write("\n".join(lines) + "\n")
