@@ -5,6 +5,7 @@
 - The step-function APIs: Job.run(model, n, train_step) and the Horovod-style Job.state/@Job.elastic.
 """
 import atexit
+import math
 import os
 import shlex
 import sys
@@ -358,6 +359,41 @@ class Model(torch.nn.Module):
         del set_to_none
         from .optim import zero_views
         zero_views(self._work, self._named_params)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ over the module's parameters, for a job whose gradients are sharded
+        (shard="gradients": each rank holds only its shards of the reduced gradients, so torch's own function
+        would see NaN in the rest): the norm over the group, each shard counted once, and the held gradients
+        scaled. Also right for any other job (it is then torch's function). Call it between backward() and
+        step(), as torch's; returns the total norm."""
+        held = self._job._job.sharded_gradients()
+        if not held:
+            return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm, norm_type)
+        p = float(norm_type)
+        flat = self._work.flat_grads
+        ours = {id(q) for _, q in self._named_params}
+        # Gradients outside the flat buffer (parameters of another dtype) are whole and equal on every rank:
+        # counted by rank 0 alone.
+        others = [q.grad.detach() for q in self.module.parameters() if q.grad is not None and id(q) not in ours]
+        if self._job.rank != 0:
+            others = []
+        offset, count = held[0]  # this rank's own shard: the shards partition the buffer
+        parts = [flat[offset:offset + count].detach()] + others
+        if p == math.inf:
+            local = max((float(t.abs().max()) for t in parts if t.numel()), default=0.0)
+            total = self._job.all_reduce(local, op="max")
+        else:
+            local = sum(float(torch.linalg.vector_norm(t, p) ** p) for t in parts if t.numel())
+            total = self._job.all_reduce(local) ** (1.0 / p)
+        coef = float(max_norm) / (total + 1e-6)
+        if coef < 1.0:
+            with torch.no_grad():
+                for o, c in held:
+                    flat[o:o + c].mul_(coef)
+                for q in self.module.parameters():
+                    if q.grad is not None and id(q) not in ours:
+                        q.grad.mul_(coef)
+        return torch.tensor(total)
 
     def _apply(self, fn, *args, **kwargs):
         raise _usage("the model was moved or converted after job.wrap() (.to(), .cuda(), .double(), ...): its "

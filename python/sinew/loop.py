@@ -460,9 +460,26 @@ class Loop:
             raise UsageError(f"the .grad of '{bad[0]}' was replaced by another tensor after backward(): the reduced "
                              "gradient is in the view it replaced; change .grad in place (p.grad.mul_(...), "
                              "clip_grad_norm_) instead")
+        self._check_sharded_gradients()
         self._guarded(lambda: self.core.update(0.0))
         self.stepped = True
         return None
+
+    def _check_sharded_gradients(self):
+        """shard="gradients": the rest of the gradients is NaN on this rank (it holds only its shards); a NaN in
+        its own shards means they were read and written back through it, as torch.nn.utils.clip_grad_norm_
+        over all parameters does (its norm becomes NaN): say so instead of stepping into NaN."""
+        held = self.core.sharded_gradients()
+        if not held:
+            return
+        flat = self.model._work.flat_grads
+        if all(bool(torch.isfinite(flat[o:o + c]).all()) for o, c in held):
+            return
+        raise UsageError("non-finite gradients in this rank's shards before optimizer.step(): with "
+                         "shard='gradients' each rank holds only its shards of the reduced gradients (the rest is "
+                         "NaN), so a function over all of them (torch.nn.utils.clip_grad_norm_, a gradient norm "
+                         "for the log) sees NaN; clip with model.clip_grad_norm_(max_norm) instead, or use "
+                         "shard='optimizer' (or the loss diverged: lower the learning rate)")
 
     # ---- data --------------------------------------------------------------------------------------------------
     def sampler_iter(self, sampler):

@@ -254,6 +254,12 @@ PYBIND11_MODULE(_core, m) {
                                    b.epoch);
            })
       .def("reduce", &pytorch::Job::reduce, py::call_guard<py::gil_scoped_release>())
+      .def("sharded_gradients",
+           [](const pytorch::Job& j) {
+             std::vector<std::pair<std::size_t, std::size_t>> r;
+             for (const Slice s : j.sharded_gradients()) r.emplace_back(s.offset, s.count);
+             return r;
+           })
       .def("update", &pytorch::Job::update, py::arg("loss"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("phase", &pytorch::Job::phase)
       .def("peek", &pytorch::Job::peek, py::arg("ahead"), py::call_guard<py::gil_scoped_release>())

@@ -165,7 +165,8 @@ struct Rig {
                                                          .op = op,
                                                          .compute_ms = [] { return 1.0; },
                                                          .event = {},
-                                                         .optimizer_step = {}});
+                                                         .optimizer_step = {},
+                                                         .scatter_bucket = {}});
   }
   [[nodiscard]] int rank() const { return backend.rank(); }
   [[nodiscard]] int size() const { return backend.size(); }

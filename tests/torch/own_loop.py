@@ -51,6 +51,9 @@ def main():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="")
     p.add_argument("--trap", default="none", choices=TRAPS)
+    p.add_argument("--clip", type=float, default=0.0, help="clip the gradients' norm to this (0: no clipping)")
+    p.add_argument("--clip-by", default="torch", choices=["torch", "model"],
+                   help="torch.nn.utils.clip_grad_norm_ or the wrapper's model.clip_grad_norm_ (sharded gradients)")
     args = p.parse_args()  # all of argv: nothing of Sinew's is on it
     torch.set_num_threads(1)
 
@@ -122,6 +125,10 @@ def main():
                 net[-1].weight.grad = net[-1].weight.grad.clone()
             if args.trap == "clip":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            if args.clip > 0 and args.clip_by == "torch":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            elif args.clip > 0:
+                model.clip_grad_norm_(args.clip)
             if opt is not None:
                 opt.step()
                 if args.trap == "step-twice" and job.step >= 3:

@@ -240,6 +240,10 @@ void Job::reduce() {
   m.driver->reduce();
 }
 
+std::vector<Slice> Job::sharded_gradients() const {
+  return impl_->session ? impl_->session->sharded_gradients() : std::vector<Slice>{};
+}
+
 void Job::update(double loss) {
   if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::update outside a step");
   if (impl_->driver->phase() == 1) reduce();

@@ -121,6 +121,9 @@ class Job {
   /// Backward is over: the step's reduction finished (`.grad` holds the global mean). Rethrows a failure the
   /// hooks saw. InvalidArgument if no gradient at all was reported (backward() not called).
   void reduce();
+  /// --shard gradients: the ranges of the flat gradients this rank holds reduced, its own shard first
+  /// (train::Session::sharded_gradients); empty where the gradients are whole.
+  [[nodiscard]] std::vector<Slice> sharded_gradients() const;
   /// The step's update (the algorithm, which calls the workload's optimiser) after reduce(); `loss` is this
   /// rank's share of the step's mean loss (0: not known).
   void update(double loss);

@@ -569,6 +569,12 @@ void Session::grad_ready(Slice range) { impl_->grad_ready(range, nullptr); }
 void Session::grad_ready(Slice range, CUevent_st* ready) { impl_->grad_ready(range, ready); }
 void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
 void Session::reduce() { impl_->reduce(); }
+std::vector<Slice> Session::sharded_gradients() const {
+  std::vector<Slice> r;
+  if (impl_->shards && impl_->shards->gradients_sharded())
+    for (const auto& h : impl_->shards->held()) r.push_back(h.range);
+  return r;
+}
 std::optional<std::vector<std::size_t>> Session::peek(std::size_t ahead) { return impl_->peek(ahead); }
 std::string Session::share(const std::string& bytes, bool have) {
   return impl_->fabric().backend().share_sync(bytes, have, impl_->setup.op);

@@ -151,6 +151,10 @@ class Session {
   std::string share(const std::string& bytes, bool have);
   /// Collective sum (or, with `max`, maximum) of `values` over the group, in place. May throw CommFailure.
   void allreduce(std::span<double> values, bool max);
+  /// --shard gradients: the ranges of the flat buffer whose reduced gradients this rank holds after a
+  /// reduction, its own shard first (the others are its replicas'); the rest of the gradients are NaN.
+  /// Empty where the gradients are whole (every other stage).
+  [[nodiscard]] std::vector<Slice> sharded_gradients() const;
   /// The group's epoch: it changes with every change of membership.
   [[nodiscard]] std::uint64_t group_epoch() const;
   /// The step boundary: every few steps the group agrees on signals, leave requests, the job server's
