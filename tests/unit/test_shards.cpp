@@ -25,6 +25,18 @@ TEST(ShardLayout, BalancedContiguousShardsCoverTheBuffer) {
   EXPECT_EQ(next, 10u);
 }
 
+TEST(ShardLayout, ShardOfAnElementIsTheOneThatContainsIt) {
+  // Uneven shards, and more shards than elements (empty shards share their offset with the next one).
+  for (const auto& [total, world] :
+       {std::pair<std::size_t, int>{10, 4}, {1000003, 7}, {2, 4}, {5, 16}, {16384, 16384}}) {
+    const ShardLayout l(total, world, 2);
+    for (std::size_t e = 0; e < total; e += 1 + total / 997) {
+      const Slice s = l.shard(l.shard_of(e));
+      ASSERT_TRUE(e >= s.offset && e < s.end()) << e << " of " << total << " over " << world;
+    }
+  }
+}
+
 TEST(ShardLayout, EachShardHasReplicasHoldersSpreadOverTheRing) {
   const ShardLayout l(100, 5, 2);  // stride 5 / 2 = 2
   EXPECT_EQ(l.holders(4), (std::vector<int>{4, 1}));

@@ -50,6 +50,8 @@ struct ShardLayout {
   ShardLayout(std::size_t total, int world, int replicas);
   /// Shard `s`'s elements: [total*s/world, total*(s+1)/world).
   [[nodiscard]] Slice shard(int s) const;
+  /// The shard that element `e` (< total) is in (the last of them where empty shards share an offset).
+  [[nodiscard]] int shard_of(std::size_t e) const;
   /// How far apart a shard's holders are: world / replicas, so that they are as far from each other as
   /// the ring allows (launchers place consecutive ranks on one node: a node's ranks then hold different
   /// shards, and the loss of a node loses none while it has fewer ranks than the stride).
