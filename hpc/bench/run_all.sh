@@ -23,4 +23,10 @@ echo "== distillation: no teacher, in-process teacher, the service with 1 and 2 
 SINEW_BUILD=$SINEW_BUILD_DIR bash "$here/distill_bench.sh" "$out/distill-dir" 3 "$out/distill.json"
 echo "== sharded optimiser state (--shard optimizer) vs the whole state: memory, step, recovery"
 /usr/bin/python3 "$here/shard_bench.py" --json "$out/shard_bench.json"
+if [ -x "$SINEW_TORCH_VENV/bin/python" ]; then
+  echo "== sharded state on a PyTorch transformer: kill -> back at the failed step, Sinew vs torchrun + FSDP2 + DCP"
+  "$SINEW_TORCH_VENV/bin/python" "$here/shard_recovery_bench.py" --rounds 3 --out "$out"
+else
+  echo "== no PyTorch venv ($SINEW_TORCH_VENV): shard_recovery_bench.py skipped"
+fi
 echo "plots written to docs/img/"
