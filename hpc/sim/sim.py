@@ -124,8 +124,8 @@ def reshard_ns_per_byte():
 
 
 def plan_ms(ranks, replicas):
-    """Sinew's plan_reshard on one member at `ranks` (measured at 1 024, 4 096 and 16 384; W^2 from the
-    nearest measured size elsewhere, log-log between them)."""
+    """Sinew's plan_reshard on one member at `ranks` (measured at 1 024, 4 096 and 16 384; linear in W from
+    the nearest measured size elsewhere, log-log between them)."""
     with open(PLAN_TIME) as f:
         table = {int(w): t for w, t in json.load(f)["seconds"][str(min(replicas, 2))].items()}
     sizes = sorted(table)
@@ -135,7 +135,7 @@ def plan_ms(ranks, replicas):
     hi = min([w for w in sizes if w > ranks], default=None)
     if lo is None or hi is None:
         w = lo or hi
-        return table[w] * (ranks / w) ** 2 * 1e3
+        return table[w] * ranks / w * 1e3
     import math
     x = (math.log(ranks) - math.log(lo)) / (math.log(hi) - math.log(lo))
     return math.exp(math.log(table[lo]) + x * (math.log(table[hi]) - math.log(table[lo]))) * 1e3

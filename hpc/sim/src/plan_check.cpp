@@ -2,8 +2,8 @@
 // (src/sinew/train/shards.cpp), piece by piece, over every failure of one or two members, a newcomer and a
 // planned leave at 1 to 20 members and 1 to 4 replicas (the ctest sim.reshard_plan). With --time W ...,
 // also how long Sinew's plan_reshard takes on this machine for one failure at W members and R replicas
-// (--time R W ...; JSON on stdout;
-// docs/scale.md: it visits every old shard for every new one, so its time grows with W^2).
+// (--time R W ...; JSON on stdout; hpc/sim/plan_reshard_time.json; docs/scale.md: its time is linear in W,
+// W^2 before aa43fa3).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

@@ -37,7 +37,7 @@ StatePlan plan_state(const ShardGeometry& old, const std::vector<int>& old_rank,
   StatePlan p;
   p.source.assign(static_cast<std::size_t>(old.world), -1);
   // The lowest member that holds each old shard: members in order, each claiming the shards it held
-  // that no lower member claimed (plan_reshard asks every member per shard; the same answer).
+  // that no lower member claimed (as plan_reshard).
   for (std::size_t q = 0; q < old_rank.size(); ++q) {
     if (old_rank[q] < 0 || old_rank[q] >= old.world) continue;
     for (const int s : old.held_by(old_rank[q])) {

@@ -1,7 +1,7 @@
 // The reshard's plan as Sinew computes it (src/sinew/train/shards.cpp: ShardLayout, plan_reshard), for the
 // model: which member sends which piece of the optimiser state to which after a change of membership.
-// The same arithmetic, written to be fast at 16 384 ranks (only the old shards that overlap a new one
-// are visited; Sinew's plan_reshard tries every old shard for every new one). Pure C++, no SimGrid:
+// The same arithmetic, visiting only the old shards that overlap a new one (as Sinew's plan_reshard has
+// since it was made linear in the members, aa43fa3; it is written separately). Pure C++, no SimGrid:
 // plan_check.cpp compiles it next to Sinew's own plan_reshard and requires the same pieces.
 #pragma once
 
