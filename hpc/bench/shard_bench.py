@@ -1,19 +1,20 @@
 #!/usr/bin/python3
-"""Sharded optimiser state (--shard optimizer, ZeRO-1) against the whole state, in one run: what the
-redundancy costs and what the recovery costs.
+"""Sharded optimiser state (--shard optimizer, ZeRO-1) and sharded gradients (--shard gradients, ZeRO-2)
+against the whole state, in one run: what the redundancy costs and what the recovery costs.
 
 Failure-free, at N ranks (--ranks, default 4), Adam, the built-in MLP (--model, default mlp:4096,4096:
 20 M parameters, so that the optimiser state outweighs the data set's loading peak), --steps (default 25),
-interleaved rounds (--rounds) of three configurations:
+interleaved rounds (--rounds) of five configurations:
   whole   --shard none (every rank holds all of Adam's state: 8 bytes per parameter);
   r=1     --shard optimizer --shard-replicas 1 (each rank its 1/N: no redundancy, a failure means a relaunch);
   r=2     --shard optimizer --shard-replicas 2 (each shard on two ranks: a failure is recovered in place);
+  g r=1, g r=2   --shard gradients with 1 and 2 holders: the gradient buckets reduce-scattered to the holders;
 per configuration: the optimiser state each rank holds (the job's own log line), its peak resident memory
 (the largest over the ranks, GNU time's maximum RSS), the median step time (the done event) and the bytes a
 rank sends per step (the metrics).
 
 A kill: launch rank 2 dies (an injected SIGKILL) inside the gradient allreduce of step 20, --grow false,
-whole and r=2: back at the failed step in place, with the parts of the failure event (detect: the kill ->
+whole, r=2 and g r=2: back at the failed step in place, with the parts of the failure event (detect: the kill ->
 the survivors' error; revoke, shrink, agree; rebuild of the backends; state sync, and the part of it that is
 the reshard for r=2: the lost shards rebuilt from their replicas and laid out over 3; the redone step), medians over
 the rounds. With r=1 the same kill loses a shard: the job exits for a relaunch (exit 75), which is checked.
@@ -36,7 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recovery_bench import env, events, kill_time  # noqa: E402
 
 CONFIGS = {"whole": ["--shard", "none"], "r=1": ["--shard", "optimizer", "--shard-replicas", "1"],
-           "r=2": ["--shard", "optimizer", "--shard-replicas", "2"]}
+           "r=2": ["--shard", "optimizer", "--shard-replicas", "2"],
+           "g r=1": ["--shard", "gradients", "--shard-replicas", "1"],
+           "g r=2": ["--shard", "gradients", "--shard-replicas", "2"]}
+COLORS = ["#888", "#4a8", "#48c", "#a84", "#c48"]
 FAIL_STEP = 20
 
 
@@ -106,15 +110,17 @@ def plot(res, png):
         print("matplotlib missing: no plot")
         return
     names = list(CONFIGS)
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, ax = plt.subplots(1, 4, figsize=(17, 3.6))
     ff = res["failure_free"]
-    ax[0].bar(names, [ff[n]["state_mib"] for n in names], color=["#888", "#4a8", "#48c"])
+    ax[0].bar(names, [ff[n]["state_mib"] for n in names], color=COLORS)
     ax[0].set_title("Adam state held per rank (MiB)")
-    ax[1].bar(names, [ff[n]["rss_mb"] for n in names], color=["#888", "#4a8", "#48c"])
+    ax[1].bar(names, [ff[n]["rss_mb"] for n in names], color=COLORS)
     ax[1].set_title("peak resident memory per rank (MB)")
-    ax[2].bar(names, [ff[n]["step_ms"] for n in names], color=["#888", "#4a8", "#48c"])
+    ax[2].bar(names, [ff[n]["step_ms"] for n in names], color=COLORS)
     ax[2].set_title("median step time (ms)")
-    fig.suptitle(f"--shard optimizer vs whole state: {res['model']}, Adam, {res['ranks']} ranks "
+    ax[3].bar(names, [ff[n]["bytes_per_step"] / 1e6 for n in names], color=COLORS)
+    ax[3].set_title("bytes sent per rank and step (MB)")
+    fig.suptitle(f"--shard optimizer (r) and gradients (g r) vs whole state: {res['model']}, Adam, {res['ranks']} ranks "
                  f"(medians of {res['rounds']} interleaved rounds)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -136,7 +142,7 @@ def main():
     mpirun, flags, build = env()
     train = os.path.join(build, "apps/sinew-train")
     rows = {n: [] for n in CONFIGS}
-    kills = {"whole": [], "r=2": []}
+    kills = {"whole": [], "r=2": [], "g r=2": []}
     lost = None
     for i in range(a.rounds):
         for n in CONFIGS:

@@ -11,7 +11,8 @@ synthetic token batches, one torch thread per rank) as the script's own loop, ea
   fsdp2      torch.distributed.fsdp.fully_shard per encoder layer and the root, over gloo on the CPU (ZeRO-3);
   sinew      Sinew's own loop (sinew.init, job.wrap, job.sampler), --shard none;
   sinew-r1   --shard optimizer --shard-replicas 1;
-  sinew-r2   --shard optimizer --shard-replicas 2 (each shard on two ranks: a kill is recovered in place).
+  sinew-r2   --shard optimizer --shard-replicas 2 (each shard on two ranks: a kill is recovered in place);
+  sinew-g1, sinew-g2   --shard gradients (ZeRO-2: the gradients reduce-scattered to the holders), R = 1 and 2.
 Reports the peak resident memory per rank (the largest over the ranks), as a ratio of DDP's, and the median step
 time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
 left out. Writes shard_torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
@@ -30,7 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2"]
+WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2", "sinew-g1", "sinew-g2"]
 SEQ = 32
 
 
@@ -116,7 +117,9 @@ def worker(a):
         import sinew
         from torch.utils.data import DataLoader, TensorDataset
         shard = {"sinew": {}, "sinew-r1": {"shard": "optimizer", "shard_replicas": 1},
-                 "sinew-r2": {"shard": "optimizer", "shard_replicas": 2}}[a.worker]
+                 "sinew-r2": {"shard": "optimizer", "shard_replicas": 2},
+                 "sinew-g1": {"shard": "gradients", "shard_replicas": 1},
+                 "sinew-g2": {"shard": "gradients", "shard_replicas": 2}}[a.worker]
         job = sinew.init(max_steps=total, progress=False, log_level="warn", **shard)
         model = job.wrap(build(a), "transformer")
         groups, cls, kw = adamw(model.parameters())

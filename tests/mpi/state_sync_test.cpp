@@ -192,6 +192,28 @@ TEST(StateSync, ShardedGradientsReachEveryHolderOfTheirShard) {
   EXPECT_GT(m.shards.take_bytes_sent(), 0u);
 }
 
+// A bucket of one large layer is reduce-scattered in chunks (bounding MPI's temporaries): 2.5 M elements.
+TEST(StateSync, ShardedGradientsOfABucketLargerThanAChunk) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  optim::OptimizerOptions o;
+  o.name = "sgd";
+  const std::size_t total = 2'500'003;
+  train::ShardedOptimizer shards(o, total, 2);
+  shards.arrange(r, n);
+  std::vector<float> grads(total);
+  for (std::size_t i = 0; i < total; ++i) grads[i] = static_cast<float>((i % 1000) * (r + 1));
+  shards.scatter_bucket(backend, grads, 0, comm::Options{});
+  const float ranks = static_cast<float>(n * (n + 1) / 2);
+  for (std::size_t i = 0; i < total; ++i) {
+    if (shards.holds(i)) {
+      ASSERT_EQ(grads[i], static_cast<float>(i % 1000) * ranks) << i;
+    } else {
+      ASSERT_TRUE(std::isnan(grads[i])) << i;
+    }
+  }
+}
+
 // --shard gradients: a member whose reduction of the last step failed has no reduced gradients of its shards
 // to repeat the update with; it gives its shards up and takes them from holders that completed the step.
 TEST(StateSync, ShardedGradientsMemberBehindTakesItsShardsFromTheirHolders) {
