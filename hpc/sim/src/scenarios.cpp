@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "cluster.hpp"
-#include "shard_plan.hpp"
+#include "sinew/train/shards.hpp"
 
 namespace sinew::sim {
 
@@ -284,9 +284,10 @@ class Phases {
   std::vector<double> end_;
 };
 
-/// A sharded job's reshard after the failure, as every survivor computes it (plan_reshard): each old
-/// shard's parameters broadcast from its source, the state's pieces that move between members, and what
-/// each member holds afterwards. Shared by the members of the simulation.
+/// A sharded job's reshard after the failure, as every survivor computes it (Sinew's own
+/// train::plan_reshard, on the simulated membership): each old shard's parameters broadcast from its
+/// source, the state's pieces that move between members, and what each member holds afterwards. Shared
+/// by the members of the simulation.
 struct Reshard {
   bool lost = false;  ///< a shard none of whose holders survived (R = 1): exit for a relaunch
   Broadcasts params;  ///< per old shard: its source (a member of the survivors) and its bytes
@@ -298,20 +299,20 @@ struct Reshard {
 
 Reshard plan_reshard(const Workload& w, int n, int victim) {
   Reshard r;
-  const auto total = static_cast<std::int64_t>(w.params);
-  const ShardGeometry old(total, n, w.shard_replicas), next(total, n - 1, w.shard_replicas);
+  const auto total = static_cast<std::size_t>(w.params);
+  const train::ShardLayout old(total, n, w.shard_replicas), next(total, n - 1, w.shard_replicas);
   std::vector<int> old_rank, new_rank;
   for (int q = 0; q < n; ++q) {
     if (q == victim) continue;
     old_rank.push_back(q);
     new_rank.push_back(static_cast<int>(new_rank.size()));
   }
-  const StatePlan plan = plan_state(old, old_rank, new_rank, next);
+  const train::ReshardPlan plan = train::plan_reshard(old, old_rank, new_rank, next);
   r.lost = plan.lost >= 0;
   if (r.lost) return r;
   for (int s = 0; s < n; ++s) {
     r.params.roots.push_back(plan.source[static_cast<std::size_t>(s)]);
-    r.params.bytes.push_back(4.0 * static_cast<double>(old.end(s) - old.begin(s)));
+    r.params.bytes.push_back(4.0 * static_cast<double>(old.shard(s).count));
   }
   const auto m = static_cast<std::size_t>(n - 1);
   r.sends.resize(m);
@@ -321,13 +322,14 @@ Reshard plan_reshard(const Workload& w, int n, int victim) {
   // per pair of members in the simulation, with the overheads of all its messages.
   std::map<std::pair<int, int>, Transfer> pairs;
   const double per_elem = 4.0 * w.optimizer_buffers;
-  for (const StatePiece& piece : plan.pieces) {
-    r.held_bytes[static_cast<std::size_t>(piece.to)] += per_elem * static_cast<double>(piece.count);
+  for (const train::ReshardPlan::Piece& piece : plan.pieces) {
+    const double bytes = per_elem * static_cast<double>(piece.range.count);
+    r.held_bytes[static_cast<std::size_t>(piece.to)] += bytes;
     if (piece.from == piece.to) continue;
     Transfer& t = pairs[{piece.from, piece.to}];
     t.messages += w.optimizer_buffers;
-    t.bytes += per_elem * static_cast<double>(piece.count);
-    r.moved_bytes += per_elem * static_cast<double>(piece.count);
+    t.bytes += bytes;
+    r.moved_bytes += bytes;
     r.messages += w.optimizer_buffers;
   }
   for (const auto& [fromto, t] : pairs) {
