@@ -136,15 +136,18 @@ void expect_as_whole(ShardedMember& m, const std::vector<float>& params, optim::
 
 }  // namespace
 
-// A member whose reduction of the last step failed (a peer died in it) did not update its shards while the
-// others did: it repeats that update with the root's reduced gradients and learning rate, and every member
-// ends as if all had stepped (train/shards.hpp).
-TEST(StateSync, ShardedMemberOneStepBehindRepeatsTheUpdate) {
+namespace {
+
+/// Two steps on every member, the last member's reduction of step 2 failing (a peer died in it: its
+/// gradients are garbage and it does not update), then the state sync: every member ends as if all had
+/// stepped twice.
+void last_member_behind(bool gradients_sharded) {
   comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
   const int r = backend.rank(), n = backend.size();
   optim::OptimizerOptions o;
   o.name = "adam";
   ShardedMember m(o);
+  m.shards.set_gradients_sharded(gradients_sharded);
   m.shards.arrange(r, n);
   auto whole = optim::make_optimizer(o, ShardedMember::kParams);
   std::vector<float> params(m.work.params().begin(), m.work.params().end());
@@ -152,7 +155,7 @@ TEST(StateSync, ShardedMemberOneStepBehindRepeatsTheUpdate) {
   for (int step = 1; step <= 2; ++step) {
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = gradient(step, i);
     whole->step(params, g, 0.01f * static_cast<float>(step));
-    const bool behind = step == 2 && r == n - 1;  // its reduction of step 2 failed
+    const bool behind = step == 2 && r == n - 1;
     auto grads = m.work.grads();
     for (std::size_t i = 0; i < g.size(); ++i) grads[i] = behind ? -1.f : g[i];
     if (behind) break;
@@ -162,8 +165,19 @@ TEST(StateSync, ShardedMemberOneStepBehindRepeatsTheUpdate) {
   }
   m.state.synchronise(backend, comm::Options{});
   EXPECT_EQ(m.state.pos().step, 2);
+  EXPECT_EQ(m.shards.layout().world, n);
   expect_as_whole(m, params, *whole);
 }
+
+}  // namespace
+
+// A member whose reduction of the last step failed while the others completed it did not update its shards:
+// it repeats that update with the root's reduced gradients and learning rate (train/shards.hpp).
+TEST(StateSync, ShardedMemberOneStepBehindRepeatsTheUpdate) { last_member_behind(false); }
+
+// --shard gradients: such a member has no reduced gradients of its shards to repeat the update with; it gives
+// its shards up and takes them from holders that completed the step.
+TEST(StateSync, ShardedGradientsMemberBehindTakesItsShardsFromTheirHolders) { last_member_behind(true); }
 
 // --shard gradients (ZeRO-2): each bucket is reduce-scattered to the shards' holders, who hold the sum of
 // their shards' gradients; the rest of the bucket is NaN (this member does not hold it).
@@ -212,34 +226,6 @@ TEST(StateSync, ShardedGradientsOfABucketLargerThanAChunk) {
       ASSERT_TRUE(std::isnan(grads[i])) << i;
     }
   }
-}
-
-// --shard gradients: a member whose reduction of the last step failed has no reduced gradients of its shards
-// to repeat the update with; it gives its shards up and takes them from holders that completed the step.
-TEST(StateSync, ShardedGradientsMemberBehindTakesItsShardsFromTheirHolders) {
-  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
-  const int r = backend.rank(), n = backend.size();
-  optim::OptimizerOptions o;
-  o.name = "adam";
-  ShardedMember m(o);
-  m.shards.set_gradients_sharded(true);
-  m.shards.arrange(r, n);
-  auto whole = optim::make_optimizer(o, ShardedMember::kParams);
-  std::vector<float> params(m.work.params().begin(), m.work.params().end());
-  std::vector<float> g(params.size());
-  for (int step = 1; step <= 2; ++step) {
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = gradient(step, i);
-    whole->step(params, g, 0.01f * static_cast<float>(step));
-    if (step == 2 && r == n - 1) break;  // its reduction of step 2 failed
-    std::copy(g.begin(), g.end(), m.work.grads().begin());
-    m.shards.step(m.work.params(), m.work.grads(), 0.01f * static_cast<float>(step));
-    m.state.pos().step = step;
-    if (step == 1) m.shards.gather(backend, m.work.params(), comm::Options{});
-  }
-  m.state.synchronise(backend, comm::Options{});
-  EXPECT_EQ(m.state.pos().step, 2);
-  EXPECT_EQ(m.shards.layout().world, n);
-  expect_as_whole(m, params, *whole);
 }
 
 // A newcomer (a spawned replacement) holds nothing; the members laid out over one rank fewer reshard over

@@ -407,27 +407,21 @@ got = _flat_state(opt, flat, named, {id(m.weight): 0, id(m.bias): 12})
 assert sorted(got) == ["exp_avg", "exp_avg_sq"], got
 PY
     loop 4 180 --optimizer adamw --out "$d/whole.pt" -- "${lcommon[@]}" || fail "whole: exit $?"
-    loop 4 180 --optimizer adamw --out "$d/sharded.pt" -- "${lcommon[@]}" --shard optimizer || fail "sharded: exit $?"
-    grep -q "optimiser state (AdamW) sharded over 4 ranks, each shard held by 2" "$d/out.txt" || fail "not sharded"
-    compare_loop "$d/whole.pt" "$d/sharded.pt" 0 || fail "sharded differs from the whole state"
-    loop 4 180 --optimizer adamw --workers 2 --out "$d/killed.pt" -- "${lcommon[@]}" --shard optimizer \
-      --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --inject-fault 2:backward:12 || fail "killed: exit $?"
-    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered \
-      --final-world-size 4 >/dev/null || fail "killed: metrics"
-    audit || fail "killed: audit"
-    compare_loop "$d/whole.pt" "$d/killed.pt" 1e-4 || fail "killed: state"
-    # --shard gradients: the buckets reduce-scattered to the shards' holders; at 4 ranks Open MPI's
-    # reduce-scatter sums as its allreduce does, so bit for bit again; a kill -9 recovered in place.
-    loop 4 180 --optimizer adamw --out "$d/grads.pt" -- "${lcommon[@]}" --shard gradients || fail "gradients: exit $?"
-    grep -q "optimiser state (AdamW) and reduced gradients sharded over 4 ranks" "$d/out.txt" || fail "gradients: not sharded"
-    compare_loop "$d/whole.pt" "$d/grads.pt" 0 || fail "gradients differ from the whole state's"
-    rm -rf "$d/audit"
-    loop 4 180 --optimizer adamw --workers 2 --out "$d/killed-g.pt" -- "${lcommon[@]}" --shard gradients \
-      --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --inject-fault 2:backward:12 || fail "gradients killed: exit $?"
-    python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered \
-      --final-world-size 4 >/dev/null || fail "gradients killed: metrics"
-    audit || fail "gradients killed: audit"
-    compare_loop "$d/whole.pt" "$d/killed-g.pt" 1e-4 || fail "gradients killed: state"
+    # Each stage: bit for bit the whole state's run (--shard gradients too: at 4 ranks Open MPI's
+    # reduce-scatter sums as its allreduce does), and a kill -9 recovered in place from the replicas.
+    for stage in optimizer gradients; do
+      loop 4 180 --optimizer adamw --out "$d/$stage.pt" -- "${lcommon[@]}" --shard $stage || fail "$stage: exit $?"
+      grep -q "optimiser state (AdamW)\( and reduced gradients\)\? sharded over 4 ranks, each shard held by 2" \
+        "$d/out.txt" || fail "$stage: not sharded"
+      compare_loop "$d/whole.pt" "$d/$stage.pt" 0 || fail "$stage differs from the whole state"
+      rm -rf "$d/audit"
+      loop 4 180 --optimizer adamw --workers 2 --out "$d/killed-$stage.pt" -- "${lcommon[@]}" --shard $stage \
+        --metrics "$d/metrics.jsonl" --audit-dir "$d/audit" --inject-fault 2:backward:12 || fail "$stage killed: exit $?"
+      python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered \
+        --final-world-size 4 >/dev/null || fail "$stage killed: metrics"
+      audit || fail "$stage killed: audit"
+      compare_loop "$d/whole.pt" "$d/killed-$stage.pt" 1e-4 || fail "$stage killed: state"
+    done
     # Clipping with sharded gradients: model.clip_grad_norm_ clips as torch's function does on whole gradients
     # (SGD: AdamW's normalisation turns rounding into 1e-3 after clipping, even between two allreduces);
     # torch's own function over the NaN this rank does not hold fails loudly.
