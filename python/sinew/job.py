@@ -379,12 +379,16 @@ class Model(torch.nn.Module):
             others = []
         offset, count = held[0]  # this rank's own shard: the shards partition the buffer
         parts = [flat[offset:offset + count].detach()] + others
+        loop = self._job._own_loop()
         if p == math.inf:
             local = max((float(t.abs().max()) for t in parts if t.numel()), default=0.0)
-            total = self._job.all_reduce(local, op="max")
+            total = loop.step_sum(local, op="max")
         else:
             local = sum(float(torch.linalg.vector_norm(t, p) ** p) for t in parts if t.numel())
-            total = self._job.all_reduce(local) ** (1.0 / p)
+            total = loop.step_sum(local)
+            total = None if total is None else total ** (1.0 / p)
+        if total is None:  # a recovery in this iteration: it updates nothing, so there is nothing to clip
+            return torch.tensor(0.0)
         coef = float(max_norm) / (total + 1e-6)
         if coef < 1.0:
             with torch.no_grad():

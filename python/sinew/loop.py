@@ -465,6 +465,18 @@ class Loop:
         self.stepped = True
         return None
 
+    def step_sum(self, value, op="sum"):
+        """A sum (or max) over the group inside a step, between backward() and step() (model.clip_grad_norm_):
+        None where this iteration is not a step (a recovery in it, or one inside this sum: the group changed
+        and a replacement is not in this step, so the sum is not made again, unlike job.all_reduce)."""
+        if self.void:
+            return None
+        try:
+            return self.core.allreduce([float(value)], op == "max")[0]
+        except CommFailure:
+            self._recover()
+            return None
+
     def _check_sharded_gradients(self):
         """shard="gradients": the rest of the gradients is NaN on this rank (it holds only its shards); a NaN in
         its own shards means they were read and written back through it, as torch.nn.utils.clip_grad_norm_

@@ -428,6 +428,13 @@ PY
     loop 4 180 --clip 0.1 --out "$d/clip-whole.pt" -- "${lcommon[@]}" || fail "clip whole: exit $?"
     loop 4 180 --clip 0.1 --clip-by model --out "$d/clip-g.pt" -- "${lcommon[@]}" --shard gradients || fail "clip: exit $?"
     compare_loop "$d/clip-whole.pt" "$d/clip-g.pt" 1e-6 || fail "model.clip_grad_norm_ differs from torch's"
+    # A kill in backward: the survivors' clip in that iteration (void now) must not sum over the new group,
+    # where the replacement is not in that step (it was: MPI_ERR_TRUNCATE, the replacement killed in a loop).
+    rm -rf "$d/audit"
+    loop 4 180 --clip 0.1 --clip-by model --workers 2 --out "$d/clip-killed.pt" -- "${lcommon[@]}" --shard gradients \
+      --audit-dir "$d/audit" --inject-fault 2:backward:12 || fail "clip killed: exit $?"
+    audit || fail "clip killed: audit"
+    compare_loop "$d/clip-whole.pt" "$d/clip-killed.pt" 1e-4 || fail "clip killed: state"
     loop 4 120 --clip 0.1 --epochs 1 -- "${lcommon[@]}" --shard gradients
     expect_error 2 "clip with model.clip_grad_norm_(max_norm) instead" "torch.nn.utils.clip_grad_norm_ with shard='gradients'"
     ;;

@@ -76,7 +76,7 @@ ReplicatedState::~ReplicatedState() = default;
 
 std::string ReplicatedState::attach_mirror(const std::string& dir) {
   // The node's copy holds whole tensors and the position only.
-  if (shards_ != nullptr) return "with --shard optimizer (each member holds other shards)";
+  if (shards_ != nullptr) return "with sharded state (each member holds other shards)";
   if (work_.on_device()) return "for a workload on a GPU (a copy to the host every step)";
   // A relaunch from it would lose the state beside the tensors (a script's LR scheduler) and train on
   // with a wrong one. The checkpoint holds it.
