@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from shard_torch_bench import SEQ, adamw, build  # noqa: E402
-from torch_recovery_bench import RANKS, VICTIM, events, mpi_env  # noqa: E402
+from torch_recovery_bench import RANKS, VICTIM, events, mpi_env, worker_env  # noqa: E402
 
 BATCH = 2
 MODES = ["sinew whole", "sinew R=2", "sinew R=1", "torchrun"]
@@ -305,9 +305,7 @@ def main():
         return fsdp_worker(a)
     import torch
     modes = a.modes.split(",")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(a.build, "python"), HERE] +
-                                          [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q]))
+    env = worker_env(a.build)
     rng = random.Random(a.seed)
     runs = {m: [] for m in modes}
     steps = []

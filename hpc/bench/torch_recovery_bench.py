@@ -60,6 +60,14 @@ def sinew_worker(options):
     job.exit(summary["exit_code"])
 
 
+def worker_env(build):
+    """The environment of the benchmark's jobs: one OpenMP thread, the sinew package of `build` and this
+    folder's modules first on the path."""
+    return dict(os.environ, OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join([os.path.join(build, "python"), HERE] +
+                                           [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q]))
+
+
 def mpi_env():
     out = subprocess.run(["bash", "-c", f". {ROOT}/mpi_scripts/env.sh; echo $SINEW_MPIRUN; "
                           "printf '%s\\n' \"${SINEW_MPIRUN_FLAGS[@]}\"; echo $SINEW_BUILD_DIR"],
@@ -171,9 +179,7 @@ def main():
     if args.worker:
         return sinew_worker(rest[1:] if rest and rest[0] == "--" else rest)
     py = sys.executable
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(args.build, "python"), HERE] +
-                                          [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q]))
+    env = worker_env(args.build)
     rng = random.Random(args.seed)
     runs = {m: [] for m in MODES}
     steps = []
