@@ -151,14 +151,19 @@ class Job:
         description), the features as float32 N x C x H x W tensors (normalised), the labels int64."""
         return self._job.dataset()
 
-    def wrap(self, module, name=None, optimizer=None):
+    def wrap(self, module, name=None, optimizer=None, units=None):
         """The module as a Model of this job: a torch.nn.Module whose forward is the module's, whose
         parameters and float buffers are views of Sinew's flat buffers, and whose state_dict() has the
         module's keys. In the script's own loop, the torch.optim optimizer over model.parameters() and its
         lr_scheduler are found when training starts (or give them to job.register()). For Job.run/Job.state,
         `optimizer` is a torch.optim optimizer whose steps Sinew makes (at Sinew's --lr), else Sinew's fused
-        --optimizer."""
-        model = Model(self, module, name, optimizer)
+        --optimizer. `units`, with shard="parameters": what is gathered whole while it runs (units.py): a module
+        class or a tuple of them (every submodule of those classes, as FSDP's ModuleWrapPolicy), or a list of
+        submodules; by default the elements of the model's nn.ModuleList and nn.Sequential containers."""
+        if units is not None and self._job.shard != "parameters":
+            raise _usage("job.wrap(units=...) is for shard='parameters' (sinew.init(shard='parameters')); this job "
+                         f"shards {self._job.shard}")
+        model = Model(self, module, name, optimizer, units)
         self._models.append(model)
         if optimizer is not None:
             self._adopted.add(id(optimizer))
@@ -213,6 +218,9 @@ class Job:
         if self._mode == "loop":
             raise _usage("this job runs the script's own loop (job.epochs, job.sampler): Job.run/Job.state "
                          "are the other way; use one way per job")
+        if self._job.shard == "parameters":
+            raise _usage("shard='parameters' is for the script's own loop (job.sampler, job.epochs); Job.run and "
+                         "Job.state lay the model out anew (their probe pass): use shard='gradients' with them")
         self._mode = "steps"
         if not isinstance(model, Model):
             raise TypeError(f"sinew: expected the Model of job.wrap(), got {type(model).__name__}")
@@ -324,7 +332,7 @@ class Model(torch.nn.Module):
     start (and sent to replacements), as DDP does. Move the module to its device before wrapping it.
     """
 
-    def __init__(self, job, module, name=None, optimizer=None):
+    def __init__(self, job, module, name=None, optimizer=None, units=None):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"sinew: expected a torch.nn.Module, got {type(module).__name__}")
@@ -340,15 +348,31 @@ class Model(torch.nn.Module):
         if optimizer is not None:
             from .optim import adopt
             adopt(optimizer, self._work, params, own_loop=False)
+        self.__dict__["_units"] = None
+        if job._job.shard == "parameters":
+            from .units import Units, route_clipping
+            self.__dict__["_units"] = Units(self, units)
+            route_clipping(self)
 
     def forward(self, *args, **kwargs):
         job = self._job
         if job._mode != "steps" and self.training and torch.is_grad_enabled():
             job._own_loop().on_forward(self)
-        return self.module(*args, **kwargs)
+        units = self._units
+        if units is None:
+            return self.module(*args, **kwargs)
+        units.begin_forward()
+        out = self.module(*args, **kwargs)
+        units.end_forward()
+        return out
 
     def state_dict(self, *args, **kwargs):
         """The module's state_dict (its own keys, as torch.save and load_state_dict expect them)."""
+        if self._units is not None and self._units.active():
+            raise _usage("model.state_dict() during training with shard='parameters': each rank holds only its "
+                         "shards of the parameters; save with Sinew's checkpoints (checkpoint_dir=, "
+                         "checkpoint_every=: they load at any size and stage, sinew.checkpoint exports them for "
+                         "torch.load), or after job.epochs() ends, when the model is whole again")
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict=True, **kwargs):

@@ -304,6 +304,8 @@ class Loop:
             except CommFailure:
                 continue
         self.recoveries += 1
+        if self.model is not None and self.model._units is not None:
+            self.model._units.reset()
         self.void = True
         self.settled = False
         self.restore_pending = True
@@ -423,6 +425,9 @@ class Loop:
         self._take_snapshot()
         if self._guarded(self.core.begin) is None:
             return
+        # A step: also where settle() recovered from a failure on the way here (its recovery voided the
+        # iteration as it then was; this batch is the new plan's and the step has begun).
+        self.void = False
         self.settled = False
         self.stepped = False
         if replan:
@@ -432,6 +437,13 @@ class Loop:
 
     def _backward_done(self):
         """Autograd's final callback of the step's backward: the reduction is complete."""
+        units = self.model._units
+        if units is not None:
+            units.release_all()
+            if units.failed is not None:  # a unit's gather failed inside backward: nothing of it counts
+                units.failed = None
+                self._recover()
+                return
         try:
             self.core.reduce()
             # A .grad set to None before backward made autograd allocate a new tensor; the hooks took its value

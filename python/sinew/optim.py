@@ -302,7 +302,7 @@ def zero_views(work, named_params):
     """Zeroes every gradient in place; a .grad the script set to None (or replaced) is the view again."""
     grads = work.flat_grads
     with torch.no_grad():
-        grads.zero_()
+        work.zero_grads()  # with shard="parameters" by giving the gradients' memory back
         flat = work.flat_params
         for _, p in named_params:
             at = (p.data_ptr() - flat.data_ptr()) // flat.element_size()

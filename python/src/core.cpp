@@ -144,6 +144,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("flat_params", &pytorch::TorchWorkload::flat_params)
       .def_property_readonly("flat_grads", &pytorch::TorchWorkload::flat_grads)
       .def("unreported", &pytorch::TorchWorkload::unreported)
+      .def("zero_grads", &pytorch::TorchWorkload::zero_grads)
       .def(
           "use_optimizer",
           [](pytorch::TorchWorkload& w, std::string name,
@@ -254,6 +255,29 @@ PYBIND11_MODULE(_core, m) {
                                    b.epoch);
            })
       .def("reduce", &pytorch::Job::reduce, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("sharded_parameters", &pytorch::Job::sharded_parameters)
+      .def_property_readonly(
+          "shard",
+          [](const pytorch::Job& j) { return std::string(name_of(train::kShardNames, j.config().shard)); })
+      .def_property_readonly("shard_replicas",
+                             [](const pytorch::Job& j) { return j.config().shard_replicas; })
+      .def(
+          "gather_params",
+          [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {
+            std::vector<Slice> r;
+            for (const auto& [o, c] : ranges) r.push_back({o, c});
+            py::gil_scoped_release unlocked;
+            j.gather_params(r);
+          },
+          py::arg("ranges"))
+      .def(
+          "release_params",
+          [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {
+            std::vector<Slice> r;
+            for (const auto& [o, c] : ranges) r.push_back({o, c});
+            j.release_params(r);
+          },
+          py::arg("ranges"))
       .def("sharded_gradients",
            [](const pytorch::Job& j) {
              std::vector<std::pair<std::size_t, std::size_t>> r;

@@ -119,6 +119,35 @@ void GradientBucketer::reduce(std::size_t b, bool blocking) {
   if (++reduced_ == num_buckets()) reduced_all_.store(true, std::memory_order_release);
 }
 
+void GradientBucketer::run_in_order(const std::function<void()>& fn) {
+  if (!opts_.overlap) {
+    fn();
+    return;
+  }
+  auto task = std::make_shared<Task>();
+  task->fn = fn;
+  {
+    std::lock_guard lock(mu_);
+    std::size_t b = 0;
+    while (b < num_buckets() && layout_.complete(b)) ++b;
+    task->before = b;
+    tasks_.push_back(task);
+  }
+  cv_.notify_all();
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, opts_.op.timeout, [&] { return task->done; })) {
+    const auto it = std::find(tasks_.begin(), tasks_.end(), task);
+    if (it != tasks_.end()) tasks_.erase(it);
+    lock.unlock();
+    backend_.abort();  // with ULFM a collective blocked in the task (or a bucket before it) returns
+    SINEW_THROW(Timeout,
+                "a collective between the gradient buckets did not complete within {} ms; a peer is dead, "
+                "stopped or far behind",
+                opts_.op.timeout.count());
+  }
+  if (task->error) std::rethrow_exception(task->error);
+}
+
 void GradientBucketer::run() {
   for (;;) {
     std::size_t b = 0;
@@ -130,10 +159,29 @@ void GradientBucketer::run() {
     }
     {
       std::unique_lock lock(mu_);
+      const auto task_due = [&] { return !tasks_.empty() && tasks_.front()->before <= reduced_; };
       cv_.wait(lock, [&] {
-        return stop_ || (error_ == nullptr && reduced_ < num_buckets() && layout_.complete(reduced_));
+        return stop_ || task_due() ||
+               (error_ == nullptr && reduced_ < num_buckets() && layout_.complete(reduced_));
       });
       if (stop_) return;
+      if (task_due()) {
+        const auto task = tasks_.front();
+        tasks_.pop_front();
+        busy_ = true;
+        lock.unlock();
+        try {
+          task->fn();
+        } catch (...) {
+          task->error = std::current_exception();
+        }
+        lock.lock();
+        task->done = true;
+        busy_ = false;
+        lock.unlock();
+        cv_.notify_all();
+        continue;
+      }
       b = reduced_;
       pending_.fetch_sub(1, std::memory_order_relaxed);
       busy_ = true;

@@ -22,8 +22,10 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -105,6 +107,11 @@ class Bucketer {
   /// Bytes this rank sent for its own reductions since the last call, where the bucketer's reduction is
   /// not the algorithm's (ByteGrad over NCCL); 0 otherwise.
   virtual std::uint64_t take_bytes_sent() { return 0; }
+  /// Runs `fn`, a collective over the bucketer's backend, in the same place among the step's bucket
+  /// reductions on every rank, and returns when it is done (rethrowing its failure). Called between the
+  /// ranges' arrivals (by a hook of backward, --shard parameters' gather of a unit), it runs after the
+  /// buckets that were complete and before the others. Base: `fn` now, on the calling thread.
+  virtual void run_in_order(const std::function<void()>& fn) { fn(); }
 };
 
 struct BucketOptions {
@@ -136,6 +143,10 @@ class GradientBucketer final : public Bucketer {
   /// Rethrows a failure of the communication thread (CommFailure, Timeout). Without overlap the buckets
   /// are reduced here, on the calling thread.
   void finish() override;
+  /// With overlap, on the communication thread: before bucket b, where b is the first bucket that was not
+  /// complete when `fn` was handed over (a deterministic point: the hooks run in autograd's order on every
+  /// rank). Waits at most the deadline (then aborts the backend, as finish()).
+  void run_in_order(const std::function<void()>& fn) override;
 
   [[nodiscard]] std::size_t num_buckets() const noexcept override { return layout_.buckets().size(); }
   [[nodiscard]] std::vector<Slice> buckets() const override { return layout_.ranges(); }
@@ -160,7 +171,14 @@ class GradientBucketer final : public Bucketer {
   std::atomic<int> pending_{0};           // buckets complete but not yet taken by the communication thread
   std::atomic<bool> reduced_all_{false};  // reduced_ == buckets_.size(), readable without mu_
   bool busy_ = false;                     // guarded by mu_: the communication thread is inside a collective
-  double comm_ms_ = 0;                    // guarded by mu_
+  struct Task {                           // run_in_order()'s, guarded by mu_
+    std::size_t before = 0;               // runs before this bucket is reduced
+    std::function<void()> fn;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  std::deque<std::shared_ptr<Task>> tasks_;  // guarded by mu_, in the order they were handed over
+  double comm_ms_ = 0;                       // guarded by mu_
   double last_comm_ms_ = 0;
   double last_exposed_ms_ = 0;
   std::thread thread_;

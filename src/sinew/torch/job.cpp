@@ -243,6 +243,15 @@ void Job::reduce() {
 std::vector<Slice> Job::sharded_gradients() const {
   return impl_->session ? impl_->session->sharded_gradients() : std::vector<Slice>{};
 }
+bool Job::sharded_parameters() const { return impl_->session && impl_->session->sharded_parameters(); }
+void Job::gather_params(const std::vector<Slice>& ranges) {
+  SINEW_ENFORCE(impl_->session, "a gather of parameters before training started");
+  impl_->session->gather_params(ranges);
+}
+void Job::release_params(const std::vector<Slice>& ranges) {
+  SINEW_ENFORCE(impl_->session, "a release of parameters before training started");
+  impl_->session->release_params(ranges);
+}
 
 void Job::update(double loss) {
   if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::update outside a step");

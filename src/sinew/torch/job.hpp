@@ -124,6 +124,11 @@ class Job {
   /// --shard gradients: the ranges of the flat gradients this rank holds reduced, its own shard first
   /// (train::Session::sharded_gradients); empty where the gradients are whole.
   [[nodiscard]] std::vector<Slice> sharded_gradients() const;
+  /// --shard parameters: whether the parameters are sharded, and a unit's ranges gathered before it runs
+  /// (collective; CommFailure) and released after (train::Session::gather_params, release_params).
+  [[nodiscard]] bool sharded_parameters() const;
+  void gather_params(const std::vector<Slice>& ranges);
+  void release_params(const std::vector<Slice>& ranges);
   /// The step's update (the algorithm, which calls the workload's optimiser) after reduce(); `loss` is this
   /// rank's share of the step's mean loss (0: not known).
   void update(double loss);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "sinew/core/error.hpp"
+#include "sinew/core/pages.hpp"
 
 namespace sinew::pytorch {
 
@@ -71,6 +72,15 @@ c10::Device device_of(const std::vector<NamedTensor>& params, const std::vector<
   return d;
 }
 
+/// `n` float zeros on the CPU in memory of their own (core/pages.hpp): no page is taken before it is
+/// written, and release_pages() gives pages back (--shard parameters).
+at::Tensor mapped_zeros(std::size_t n) {
+  float* p = map_pages(n);
+  return at::from_blob(
+      p, {static_cast<std::int64_t>(n)}, [n](void* q) { free_pages(static_cast<float*>(q), n); },
+      at::TensorOptions().dtype(at::kFloat));
+}
+
 /// Copies the tensors' values into one new flat float buffer on `device` and makes each tensor a view of
 /// its range.
 at::Tensor flatten(std::vector<NamedTensor>& tensors, std::vector<Slice>& slices, c10::Device device) {
@@ -79,8 +89,9 @@ at::Tensor flatten(std::vector<NamedTensor>& tensors, std::vector<Slice>& slices
     slices.push_back({n, static_cast<std::size_t>(t.tensor.numel())});
     n += slices.back().count;
   }
-  at::Tensor flat =
-      at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor flat = device.is_cpu() ? mapped_zeros(n)
+                                    : at::empty({static_cast<std::int64_t>(n)},
+                                                at::TensorOptions().dtype(at::kFloat).device(device));
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     at::Tensor& t = tensors[i].tensor;
     at::Tensor view = flat.narrow(0, static_cast<std::int64_t>(slices[i].offset),
@@ -164,7 +175,8 @@ void TorchWorkload::init(const optim::OptimizerOptions& optimizer) {
   const c10::Device d = params_.front().tensor.device();
   flat_params_ = flatten(params_, slices_, d);
   flat_buffers_ = flatten(buffer_tensors_, buffer_slices_, d);
-  flat_grads_ = at::zeros_like(flat_params_);
+  flat_grads_ = d.is_cpu() ? mapped_zeros(static_cast<std::size_t>(flat_params_.numel()))
+                           : at::zeros_like(flat_params_);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     views_.push_back({params_[i].name, "params", slices_[i].offset, shape_of(params_[i].tensor), ""});
     torch::autograd::impl::set_post_acc_grad_hooks(params_[i].tensor, std::make_unique<ReadyHook>(*this, i));
@@ -508,10 +520,19 @@ void TorchWorkload::restore_buffers() {
     for (std::size_t i = 0; i < others_.size(); ++i) others_[i].copy_(kept_others_[i]);
 }
 
+void TorchWorkload::zero_grads() {
+  if (sparse_grads_) {
+    zero_pages(span_of(flat_grads_));  // no memory until backward writes them
+  } else {
+    at::NoGradGuard no_grad;
+    flat_grads_.zero_();
+  }
+}
+
 void TorchWorkload::begin_micro_batch(std::size_t j, std::size_t micro_batches, std::size_t samples,
                                       std::size_t total) {
   if (j == 0) {
-    flat_grads_.zero_();
+    zero_grads();
     scale_ = 1;
   }
   // A script that set .grad to None (optimizer.zero_grad()'s default) cut the tie: restore it.

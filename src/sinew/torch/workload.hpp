@@ -149,6 +149,13 @@ class TorchWorkload final : public workload::Workload {
   /// Throws InvalidArgument on a device (not yet).
   void shard_state();
   [[nodiscard]] bool has_optimizer() const override { return !sharded_; }
+  /// --shard parameters: on the CPU, where the flat buffers are core/pages.hpp's memory.
+  [[nodiscard]] bool can_shard_parameters() const override { return !device_.has_value(); }
+  /// Then the gradients are zeroed by giving their pages back (zero_grads()).
+  void shard_parameters() override { sparse_grads_ = true; }
+  /// Zeroes the flat gradients (a step's first micro-batch; the script's zero_grad()): with sharded
+  /// parameters by releasing their memory, which backward takes again range by range as it writes them.
+  void zero_grads();
   /// With shard_state(): the script's optimiser `name`, made per shard by `make`.
   void use_sharded_optimizer(std::string name, ShardFactory make);
   [[nodiscard]] std::unique_ptr<optim::Optimizer> shard_optimizer(Slice range) override;
@@ -254,9 +261,10 @@ class TorchWorkload final : public workload::Workload {
   std::unique_ptr<optim::Optimizer> optimizer_;        // on the host
   std::unique_ptr<TensorOptimizer> device_optimizer_;  // on a device
   std::optional<ExternalOptimizer> external_;
-  bool sharded_ = false;      // shard_state()
-  bool shards_made_ = false;  // the runtime asked for a shard's optimiser
-  std::string sharded_name_;  // use_sharded_optimizer()
+  bool sharded_ = false;       // shard_state()
+  bool sparse_grads_ = false;  // shard_parameters()
+  bool shards_made_ = false;   // the runtime asked for a shard's optimiser
+  std::string sharded_name_;   // use_sharded_optimizer()
   ShardFactory shard_factory_;
   workload::ReadyFn ready_;
   workload::DeviceReadyFn device_ready_;

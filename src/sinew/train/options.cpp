@@ -383,12 +383,6 @@ namespace {
 void validate_shard(const Config& c) {
   if (c.shard_replicas < 1 || c.shard_replicas > 64)
     SINEW_THROW(InvalidArgument, "--shard-replicas must be in [1, 64], got {}", c.shard_replicas);
-  if (c.shard == ShardStage::kParameters) {
-    SINEW_THROW(
-        InvalidArgument,
-        "--shard parameters: not available yet (sharded parameters, ZeRO-3, are planned); --shard "
-        "gradients shards the gradients and the optimiser state, --shard optimizer the optimiser state");
-  }
   if (c.shard == ShardStage::kNone) return;
   const auto stage = name_of(kShardNames, c.shard);
   if (c.algorithm != algo::Kind::kGradientAllreduce && c.algorithm != algo::Kind::kByteGrad) {
@@ -399,11 +393,12 @@ void validate_shard(const Config& c) {
         stage, c.shard == ShardStage::kOptimizer ? " or bytegrad" : "",
         name_of(algo::kAlgorithmNames, c.algorithm));
   }
-  if (c.shard == ShardStage::kGradients && c.algorithm == algo::Kind::kByteGrad) {
+  if (c.shard != ShardStage::kOptimizer && c.algorithm == algo::Kind::kByteGrad) {
     SINEW_THROW(
         InvalidArgument,
-        "--shard gradients: not with --algorithm bytegrad yet (its compressed reduction is an allreduce, "
-        "not a reduce-scatter to the shards' holders); use --shard optimizer with bytegrad");
+        "--shard {}: not with --algorithm bytegrad yet (its compressed reduction is an allreduce, "
+        "not a reduce-scatter to the shards' holders); use --shard optimizer with bytegrad",
+        stage);
   }
   if (c.device == "cuda")
     SINEW_THROW(InvalidArgument, "--shard {}: not on a GPU yet (--device cuda); use --shard none", stage);

@@ -432,7 +432,11 @@ double ReplicatedState::synchronise(comm::Backend& backend, const comm::Options&
     add(std::as_bytes(std::span<const char>(v.name)));
     add(std::as_bytes(std::span<const std::size_t>(&v.offset, 1)));
   }
-  for (const auto& [name, buf] : all) add(std::as_bytes(buf));
+  for (const auto& [name, buf] : all) {
+    // Sharded parameters (ZeRO-3): each member holds its own shards of them only.
+    if (name == "params" && shards_ != nullptr && shards_->parameters_sharded()) continue;
+    add(std::as_bytes(buf));
+  }
   std::int64_t cmp[2] = {static_cast<std::int64_t>(crc), -static_cast<std::int64_t>(crc)};
   backend.allreduce_sync(comm::Buffer::of(std::span<std::int64_t>(cmp)), comm::ReduceOp::kMax, op);
   if (cmp[0] != -cmp[1]) {

@@ -17,6 +17,7 @@
 
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/core/launch.hpp"
+#include "sinew/core/pages.hpp"
 #include "sinew/core/status.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
@@ -143,6 +144,9 @@ struct Session::Impl {
       if (state.mirrored() && cfg.resume == "auto") elastic.resume_from_mirror(generation);
       lr.start(state.pos(), group.size());
       if (!fabric().algorithm().lockstep()) state.mark_agreed();
+      // --shard parameters: the model was whole until now (its initial or loaded values); from here on
+      // this member keeps its shards of it in memory, and units are gathered when they run.
+      if (shards && shards->parameters_sharded()) shards->release_unheld(work.params());
     }
     lr.build_schedule(state.pos());
   }
@@ -231,6 +235,13 @@ struct Session::Impl {
 
   void finish_training() {
     gather_shards();  // the model the run ends with, whole on every member
+    if (shards && shards->parameters_sharded()) {
+      // Sharded parameters too: the gradients are done with, and the script gets its model whole.
+      release_pages(work.grads());  // (the edges keep a page each: no matter, nothing reads them)
+      const auto t = Clock::now();
+      shards->gather(fabric().backend(), work.params(), setup.op);
+      gather_ms += ms_since(t);
+    }
     checkpoints.save(fabric(), "end");
     ended = true;
   }
@@ -575,6 +586,23 @@ std::vector<Slice> Session::sharded_gradients() const {
     for (const auto& h : impl_->shards->held()) r.push_back(h.range);
   return r;
 }
+void Session::gather_params(std::span<const Slice> ranges) {
+  auto& i = *impl_;
+  SINEW_ENFORCE(i.shards && i.shards->parameters_sharded(),
+                "a gather of parameters without --shard parameters");
+  const auto t = Clock::now();
+  auto& f = i.fabric();
+  f.bucketer().run_in_order(
+      [&] { i.shards->gather_ranges(f.backend(), i.work.params(), ranges, i.setup.op); });
+  i.gather_ms += ms_since(t);
+}
+void Session::release_params(std::span<const Slice> ranges) {
+  auto& i = *impl_;
+  SINEW_ENFORCE(i.shards && i.shards->parameters_sharded(),
+                "a release of parameters without --shard parameters");
+  i.shards->release(i.work.params(), ranges);
+}
+bool Session::sharded_parameters() const { return impl_->shards && impl_->shards->parameters_sharded(); }
 std::optional<std::vector<std::size_t>> Session::peek(std::size_t ahead) { return impl_->peek(ahead); }
 std::string Session::share(const std::string& bytes, bool have) {
   return impl_->fabric().backend().share_sync(bytes, have, impl_->setup.op);

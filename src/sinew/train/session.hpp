@@ -155,6 +155,12 @@ class Session {
   /// reduction, its own shard first (the others are its replicas'); the rest of the gradients are NaN.
   /// Empty where the gradients are whole (every other stage).
   [[nodiscard]] std::vector<Slice> sharded_gradients() const;
+  /// --shard parameters (ZeRO-3): whether the parameters are sharded; then a unit's forward and backward
+  /// need gather_params() of its ranges first (collective, in the same order on every rank, between the
+  /// gradient buckets' reductions where backward calls it) and release_params() after (local).
+  [[nodiscard]] bool sharded_parameters() const;
+  void gather_params(std::span<const Slice> ranges);
+  void release_params(std::span<const Slice> ranges);
   /// The group's epoch: it changes with every change of membership.
   [[nodiscard]] std::uint64_t group_epoch() const;
   /// The step boundary: every few steps the group agrees on signals, leave requests, the job server's

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "sinew/core/error.hpp"
+#include "sinew/core/pages.hpp"
 #include "sinew/core/status.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/train/layer_options.hpp"
@@ -17,7 +18,10 @@ namespace sinew::train {
 namespace {
 
 constexpr int kTagReshard = 111;  // the state pieces of a reshard (point to point over the new view)
-constexpr int kTagScatter = 112;  // scatter_bucket's reduced parts, from a shard's owner to its other holders
+constexpr int kTagScatter = 112;
+constexpr int kTagReshardParams =
+    113;  // --shard parameters: the parameters of the pieces of a reshard  // scatter_bucket's reduced parts,
+          // from a shard's owner to its other holders
 const float kNotHeld = std::numeric_limits<float>::quiet_NaN();
 constexpr std::size_t kScatterChunk = 1u << 20;  // elements per reduce-scatter of scatter_bucket (4 MiB)
 
@@ -145,7 +149,7 @@ void ShardedOptimizer::step(std::span<float> params, std::span<const float> grad
   for (auto& h : held_) h.opt->step(h.range.of(params), h.range.of(grads), lr);
   ++steps_;
   last_lr_ = lr;
-  stale_ = true;
+  stale_ = !parameters_sharded_;  // ZeRO-3: nothing to gather; the units gather what they run
 }
 
 void ShardedOptimizer::gather(comm::Backend& backend, std::span<float> params, const comm::Options& op) {
@@ -158,6 +162,41 @@ void ShardedOptimizer::gather(comm::Backend& backend, std::span<float> params, c
   const auto w = static_cast<std::uint64_t>(layout_.world);
   bytes_sent_ += w > 1 ? (w - 1) * total_ * sizeof(float) / w : 0;
   stale_ = false;
+}
+
+void ShardedOptimizer::gather_ranges(comm::Backend& backend, std::span<float> params,
+                                     std::span<const Slice> ranges, const comm::Options& op) {
+  SINEW_ENFORCE(
+      arranged() && backend.size() == layout_.world && backend.rank() == rank_,
+      "a gather of parameters over a view of {} as member {}, the shards are laid out over {} as {}",
+      backend.size(), backend.rank(), layout_.world, rank_);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(layout_.world));
+  std::uint64_t sent = 0;
+  for (const Slice r : ranges) {
+    if (r.count == 0) continue;
+    for (int s = 0; s < layout_.world; ++s)
+      counts[static_cast<std::size_t>(s)] = intersect(layout_.shard(s), r).count;
+    backend.allgather_v(comm::Buffer::of(r.of(params)), counts, op)->wait(op.timeout);
+    const auto w = static_cast<std::uint64_t>(layout_.world);
+    sent += (w - 1) * r.count * sizeof(float) / w;
+  }
+  bytes_sent_ += sent;
+}
+
+void ShardedOptimizer::release(std::span<float> buf, std::span<const Slice> ranges) const {
+  std::vector<Slice> kept;
+  for (const auto& h : held_) kept.push_back(h.range);
+  std::sort(kept.begin(), kept.end(), [](Slice a, Slice b) { return a.offset < b.offset; });
+  for (const Slice r : ranges) {
+    std::size_t at = r.offset;
+    for (const Slice k : kept) {
+      if (k.end() <= at || k.count == 0) continue;
+      if (k.offset >= r.end()) break;
+      if (k.offset > at) release_pages(buf.subspan(at, k.offset - at));
+      at = std::max(at, k.end());
+    }
+    if (at < r.end()) release_pages(buf.subspan(at, r.end() - at));
+  }
 }
 
 bool ShardedOptimizer::holds(std::size_t e) const {
@@ -210,6 +249,14 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
       works.push_back(backend.recv(comm::Buffer::of(local(part)), h.shard, o));
   }
   for (auto& w : works) w->wait(op.timeout);
+  if (parameters_sharded_) {
+    // ZeRO-3: what this member does not hold goes back to the system (it reads as zero).
+    release(std::span<float>(bucket.data() - offset, offset + bucket.size()),
+            std::span<const Slice>(&whole, 1));
+    const auto w = static_cast<std::uint64_t>(layout_.world);
+    bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w + sent;
+    return;
+  }
   // What this member does not hold is a partial sum: NaN, so that a read of it cannot pass unseen.
   for (int s = 0; s < layout_.world; ++s) {
     const Slice part = in_bucket(s);
@@ -274,11 +321,26 @@ double ShardedOptimizer::reshard(comm::Backend& backend, std::span<float> params
     status::process().relaunch(status::Reason::kFailure, why);
     SINEW_THROW(RelaunchRequest, "{}; exiting for a relaunch from the newest checkpoint", why);
   }
-  // The parameters: each old shard's range from its source (a holder that applied its last update).
-  for (int s = 0; s < old.world; ++s) {
-    const Slice r = old.shard(s);
-    if (r.count > 0)
-      backend.broadcast_sync(comm::Buffer::of(r.of(params)), plan.source[static_cast<std::size_t>(s)], op);
+  std::vector<std::unique_ptr<comm::Work>> works;
+  if (parameters_sharded_) {
+    // ZeRO-3: the new holders' parameters with their pieces, point to point, in place (a member never
+    // receives into a range it provides), except where the new holder held that old shard already.
+    comm::Options o = op;
+    o.tag = kTagReshardParams;
+    for (const auto& piece : plan.pieces) {
+      if (piece.from == piece.to || (piece.to != q && piece.from != q)) continue;
+      const int was = old_rank[static_cast<std::size_t>(piece.to)];
+      if (was >= 0 && train::holds(old, was, old.shard_of(piece.range.offset))) continue;
+      const auto buf = comm::Buffer::of(piece.range.of(params));
+      works.push_back(piece.to == q ? backend.recv(buf, piece.from, o) : backend.send(buf, piece.to, o));
+    }
+  } else {
+    // The parameters: each old shard's range from its source (a holder that applied its last update).
+    for (int s = 0; s < old.world; ++s) {
+      const Slice r = old.shard(s);
+      if (r.count > 0)
+        backend.broadcast_sync(comm::Buffer::of(r.of(params)), plan.source[static_cast<std::size_t>(s)], op);
+    }
   }
   // The state: into fresh buffers of the new layout, so that a failure now leaves the old ones intact.
   std::vector<Held> fresh = new_rank >= 0 ? make_held(new_rank, new_world) : std::vector<Held>{};
@@ -292,7 +354,6 @@ double ShardedOptimizer::reshard(comm::Backend& backend, std::span<float> params
       if (e >= x.range.offset && e < x.range.end()) return x;
     SINEW_THROW(InternalError, "element {} of the optimiser state is not held here", e);
   };
-  std::vector<std::unique_ptr<comm::Work>> works;
   for (std::size_t n = 0; n < names_.size(); ++n) {
     comm::Options o = op;
     o.tag = kTagReshard;
@@ -323,6 +384,7 @@ double ShardedOptimizer::reshard(comm::Backend& backend, std::span<float> params
   layout_ = next;
   rank_ = new_rank;
   stale_ = false;
+  if (parameters_sharded_) release_unheld(params);
   reshard_ms_ = seconds_since(t) * 1e3;
   return reshard_ms_;
 }
@@ -344,7 +406,17 @@ std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const Config& c, worklo
         auto own = work.shard_optimizer(r);  // the workload's kind (a torch.optim optimiser's), if it has one
         return own ? std::move(own) : optim::make_optimizer(opts, r.count);
       });
+  if (c.shard == ShardStage::kParameters && !work.can_shard_parameters()) {
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard parameters: this workload ({}) cannot release and gather its parameters unit by unit; "
+        "sharded parameters are for PyTorch models on the CPU (sinew.init(shard=\"parameters\")): "
+        "use --shard gradients",
+        work.describe());
+  }
   s->set_gradients_sharded(c.shard == ShardStage::kGradients);
+  s->set_parameters_sharded(c.shard == ShardStage::kParameters);
+  if (c.shard == ShardStage::kParameters) work.shard_parameters();
   return s;
 }
 
@@ -354,8 +426,11 @@ std::string describe(const ShardedOptimizer& s) {
   return fmt::format(
       "optimiser state ({}){} sharded over {} ranks, each shard held by {}: {:.1f} MiB per rank of {:.1f} "
       "MiB",
-      s.name(), s.gradients_sharded() ? " and reduced gradients" : "", s.layout().world, s.layout().replicas,
-      mib(s.state_bytes()), mib(whole));
+      s.name(),
+      s.parameters_sharded()  ? ", reduced gradients and parameters"
+      : s.gradients_sharded() ? " and reduced gradients"
+                              : "",
+      s.layout().world, s.layout().replicas, mib(s.state_bytes()), mib(whole));
 }
 
 }  // namespace sinew::train

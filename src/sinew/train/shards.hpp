@@ -142,6 +142,31 @@ class ShardedOptimizer {
   [[nodiscard]] bool gradients_sharded() const noexcept { return gradients_sharded_; }
   void set_gradients_sharded(bool on) noexcept { gradients_sharded_ = on; }
 
+  /// --shard parameters (ZeRO-3): the gradients are sharded as above and so are the parameters. A member's
+  /// flat buffers keep their addresses and size, but only the ranges of its held shards are in memory: the
+  /// rest of the parameters is gathered unit by unit when a forward or backward needs it (gather_ranges)
+  /// and released after (release), the rest of each reduced gradient bucket is released instead of set to
+  /// NaN, and a reshard sends the new holders their parameters with their state (no whole-model
+  /// broadcast). Implies gradients_sharded().
+  [[nodiscard]] bool parameters_sharded() const noexcept { return parameters_sharded_; }
+  void set_parameters_sharded(bool on) noexcept {
+    parameters_sharded_ = on;
+    if (on) gradients_sharded_ = true;
+  }
+  /// Collective, the same `ranges` in the same order on every member: each range's elements from the
+  /// owners of the shards it crosses (an all-gather of uneven blocks per range), into `params`.
+  void gather_ranges(comm::Backend& backend, std::span<float> params, std::span<const Slice> ranges,
+                     const comm::Options& op);
+  /// Gives the memory of the parts of `ranges` of `buf` (a flat buffer of map_pages(), core/pages.hpp) that
+  /// this member does not hold back to the system; they read as zero until written again. Whole pages
+  /// only: those a held range shares keep their memory. Local.
+  void release(std::span<float> buf, std::span<const Slice> ranges) const;
+  /// The same over the whole buffer.
+  void release_unheld(std::span<float> buf) const {
+    const Slice all{0, buf.size()};
+    release(buf, std::span<const Slice>(&all, 1));
+  }
+
   /// The held shards with their state, owner's shard first.
   struct Held {
     int shard = 0;
@@ -182,6 +207,7 @@ class ShardedOptimizer {
   float last_lr_ = 0;
   bool stale_ = false;
   bool gradients_sharded_ = false;
+  bool parameters_sharded_ = false;
   std::atomic<std::uint64_t> bytes_sent_{0};  // added to by the communication thread (scatter_bucket)
   std::vector<float> scatter_out_;            // scatter_bucket's reduce-scatter output
   double reshard_ms_ = 0;

@@ -118,6 +118,11 @@ class Workload {
   /// state (ModelSpec::shard_optimizer), whose optimizer_state() is then empty and whose steps the runtime
   /// takes (train/shards.hpp).
   [[nodiscard]] virtual bool has_optimizer() const { return true; }
+  /// Whether its flat parameter and gradient buffers give pages back (core/pages.hpp's memory) and its
+  /// forward and backward gather the parameters unit by unit: --shard parameters (train/shards.hpp).
+  [[nodiscard]] virtual bool can_shard_parameters() const { return false; }
+  /// Told so once, when the runtime shards the parameters (before the first step).
+  virtual void shard_parameters() {}
   /// A workload without an optimiser of its own (has_optimizer() false) whose optimiser is of a kind the
   /// runtime does not know (the PyTorch integration's torch.optim optimiser): an optimiser of that kind over
   /// the elements `range` of the flat buffers, with state for them only. Null (the default): the runtime

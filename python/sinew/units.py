@@ -1,0 +1,246 @@
+"""shard="parameters" (ZeRO-3): each rank keeps its shards of the parameters, and a unit of the model (a
+transformer layer: a wrap policy over submodules, as FSDP's) is gathered whole only while it runs.
+
+    forward     unit k:  gather (before its forward) -> forward -> release
+    backward    unit k:  gather (when the gradient of its output arrives) -> backward; released when the unit
+                         before it is gathered (its backward is over) or when backward ends
+    the root    the parameters in no unit (embeddings, the last norm, the head): gathered at the model's
+                forward, released when backward ends (or after the forward, without gradients)
+
+A unit is a list of ranges of the flat parameter buffer (its parameters, merged where adjacent). The gather is a
+collective of the runtime (train/shards.hpp: an all-gather of each range from the shards' owners, run between the
+gradient buckets' reduce-scatters in the same order on every rank); the release gives the memory of what this
+rank does not hold back to the system. Every rank must therefore run the model's forward as often as the others:
+in training the loop sees to it; an evaluation must run on every rank, on as many batches (not on rank 0 alone).
+
+Before training starts and after it ended (the model is whole again then) nothing is gathered or released. An
+iteration that a recovery voided gathers nothing: its results are dropped.
+"""
+import torch
+
+from . import CommFailure, UsageError
+
+
+def _default_units(module):
+    """The elements of the model's nn.ModuleList and nn.Sequential containers that hold parameters, outermost
+    first (a transformer's layers): FSDP's usual wrapping of one unit per block."""
+    units = []
+    inside = set()
+
+    def visit(m):
+        for child in m.children():
+            if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+                for el in child.children():
+                    if any(p.requires_grad for p in el.parameters()) and id(el) not in inside:
+                        units.append(el)
+                        inside.update(id(x) for x in el.modules())
+            if id(child) not in inside:
+                visit(child)
+
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+        units = [el for el in module.children() if any(p.requires_grad for p in el.parameters())]
+    else:
+        visit(module)
+    return units
+
+
+def select_units(module, policy):
+    """The unit modules of `module` for `policy`: None (the default above), a module class or a tuple/set of them
+    (FSDP's ModuleWrapPolicy: every submodule of those classes, outermost), or a list of submodules."""
+    if policy is None:
+        return _default_units(module)
+    if isinstance(policy, type) or (isinstance(policy, (tuple, set, frozenset)) and
+                                    all(isinstance(c, type) for c in policy)):
+        classes = tuple(policy) if not isinstance(policy, type) else (policy,)
+        out, inside = [], set()
+        for m in module.modules():
+            if m is not module and isinstance(m, classes) and id(m) not in inside:
+                out.append(m)
+                inside.update(id(x) for x in m.modules())
+        if not out:
+            raise UsageError(f"units={policy}: the model has no submodule of {'/'.join(c.__name__ for c in classes)}")
+        return out
+    if isinstance(policy, (list, tuple)):
+        mods = set(id(m) for m in module.modules())
+        for m in policy:
+            if not isinstance(m, torch.nn.Module) or id(m) not in mods:
+                raise UsageError("units=[...]: every unit must be a submodule of the wrapped model")
+        return list(policy)
+    raise UsageError("units= takes a module class, a tuple of classes, or a list of submodules of the model")
+
+
+def _runs(spans):
+    """Sorted, merged (offset, count) ranges."""
+    out = []
+    for o, c in sorted(spans):
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1] = (out[-1][0], out[-1][1] + c)
+        else:
+            out.append((o, c))
+    return out
+
+
+class Units:
+    """The units of one wrapped model and their hooks (installed by job.wrap when the job shards parameters)."""
+
+    def __init__(self, model, policy):
+        self.model = model
+        self.job = model._job
+        module = model.module
+        units = select_units(module, policy)
+        flat = model._work.flat_params
+        base, size = flat.data_ptr(), flat.element_size()
+
+        def span(p):
+            return ((p.data_ptr() - base) // size, p.numel())
+
+        flat_ids = {id(p) for _, p in model._named_params}
+        owner = {}
+        for i, u in enumerate(units):
+            for p in u.parameters():
+                if id(p) in flat_ids:
+                    owner.setdefault(id(p), set()).add(i)
+        self.ranges = []
+        for i, u in enumerate(units):
+            mine = {id(p): p for p in u.parameters() if owner.get(id(p)) == {i}}
+            self.ranges.append(_runs(span(p) for p in mine.values()))
+        # Parameters in no unit, or shared by two (tied weights): the root's, whole for the whole step.
+        self.root = _runs(span(p) for _, p in model._named_params if len(owner.get(id(p), ())) != 1)
+        self.modules = units
+        self.resident = set()  # unit indices gathered now; -1 the root
+        self.failed = None     # a CommFailure seen inside backward (raised to the loop when backward ends)
+        self.handles = []
+        for i, u in enumerate(units):
+            self.handles.append(u.register_forward_pre_hook(self._pre_forward(i)))
+            self.handles.append(u.register_forward_hook(self._post_forward(i)))
+
+    # ---- state ------------------------------------------------------------------------------------------------
+    def active(self):
+        """Whether the parameters are sharded now: training started and is not over."""
+        loop = self.job._loop
+        if loop is None or not loop.started or loop.done or self.job.summary is not None:
+            return False
+        return self.job._job.sharded_parameters
+
+    def reset(self):
+        """After a recovery: the reshard left this rank its new shards only."""
+        self.resident.clear()
+        self.failed = None
+
+    # ---- gather and release ----------------------------------------------------------------------------------
+    def _gather(self, i, in_backward=False):
+        if i in self.resident or not self.active():
+            return
+        loop = self.job._loop
+        if loop.void or self.failed is not None:
+            return  # an iteration that updates nothing: its results are dropped
+        ranges = self.root if i < 0 else self.ranges[i]
+        training = in_backward or (torch.is_grad_enabled() and self.model.training)  # (backward runs without)
+        try:
+            self.job._job.gather_params(ranges)
+        except CommFailure as e:
+            if training:
+                self._failure(e, in_backward)
+                return
+            if "did not complete within" in str(e):
+                raise UsageError("a gather of the model's parameters timed out outside training: with "
+                                 "shard='parameters' the model's forward is a collective, so every rank must run "
+                                 "it as often as the others (evaluate on every rank, on as many batches; not on "
+                                 f"rank 0 alone) ({e})") from None
+            raise  # a rank lost in an evaluation: the run ends for a relaunch from its newest checkpoint
+        self.resident.add(i)
+
+    def _failure(self, e, in_backward):
+        if in_backward:
+            self.failed = e  # autograd goes on (nothing is gathered any more); the loop recovers when it ends
+        else:
+            self.job._loop._recover()
+
+    def _release(self, i):
+        if i not in self.resident:
+            return
+        self.resident.discard(i)
+        if self.active():
+            self.job._job.release_params(self.root if i < 0 else self.ranges[i])
+
+    def release_all(self):
+        for i in list(self.resident):
+            self._release(i)
+
+    # ---- hooks ------------------------------------------------------------------------------------------------
+    def begin_forward(self):
+        self._gather(-1)
+
+    def end_forward(self):
+        if not (torch.is_grad_enabled() and self.model.training):
+            self.release_all()
+
+    def _pre_forward(self, i):
+        def hook(module, args):
+            self._gather(i)
+        return hook
+
+    def _post_forward(self, i):
+        def hook(module, args, output):
+            if torch.is_grad_enabled() and self.active():
+                fired = [False]
+
+                def pre_backward(grad):
+                    if not fired[0]:
+                        fired[0] = True
+                        # Backward runs the units in reverse: those after this one are done.
+                        for j in [j for j in self.resident if j > i]:
+                            self._release(j)
+                        self._gather(i, in_backward=True)
+                    return grad
+
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(pre_backward)
+            self._release(i)
+        return hook
+
+
+def _tensors(output):
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (list, tuple)):
+        for o in output:
+            yield from _tensors(o)
+    elif isinstance(output, dict):
+        for o in output.values():
+            yield from _tensors(o)
+
+
+_sharded_models = []  # weak enough: one job per process, its model lives as long as the process trains
+
+
+def route_clipping(model):
+    """torch.nn.utils.clip_grad_norm_ over a model whose parameters are sharded would see this rank's shards and
+    zeros, and clip by a wrong norm without a word: over such a model it is model.clip_grad_norm_ (the norm over
+    the group, each shard once); over part of its parameters it is refused; over anything else it is torch's.
+    (A reference to torch's function taken before sinew.init(), `from torch.nn.utils import clip_grad_norm_`, is
+    torch's own: call it through torch.nn.utils, or call model.clip_grad_norm_.)"""
+    import torch.nn.utils as utils
+    import torch.nn.utils.clip_grad as clip_grad
+    _sharded_models.append(model)
+    if getattr(utils.clip_grad_norm_, "_sinew", False):
+        return
+    torch_clip = utils.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        ids = {id(p) for p in params}
+        for m in _sharded_models:
+            ours = {id(p) for _, p in m._named_params}
+            if ids & ours and m._units.active():
+                if not ours <= ids:
+                    raise UsageError("clip_grad_norm_ over part of a model whose parameters are sharded "
+                                     "(shard='parameters'): clip all of them, model.clip_grad_norm_(max_norm)")
+                return m.clip_grad_norm_(max_norm, norm_type)
+        return torch_clip(params, max_norm, norm_type, error_if_nonfinite, foreach)
+
+    clip_grad_norm_._sinew = True
+    clip_grad_norm_.__doc__ = torch_clip.__doc__
+    utils.clip_grad_norm_ = clip_grad_norm_
+    clip_grad.clip_grad_norm_ = clip_grad_norm_

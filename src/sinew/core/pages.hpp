@@ -1,0 +1,29 @@
+// Memory whose pages a buffer gives back while it keeps its addresses: the flat buffers of sharded
+// parameters (--shard parameters, train/shards.hpp). A member holds a few ranges of a buffer as large as
+// the whole model; the rest is released to the system and costs nothing until it is written again (a
+// unit's parameters gathered for its forward, a layer's gradients written by backward). The addresses, so
+// every tensor that is a view of the buffer, stay valid throughout.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+namespace sinew {
+
+/// `n` floats of zero, in private anonymous memory of their own: no page is taken until it is written.
+/// Free with free_pages(). Throws Error (naming the size) when the address space is refused.
+[[nodiscard]] float* map_pages(std::size_t n);
+void free_pages(float* p, std::size_t n) noexcept;
+
+/// Gives the whole pages inside `buf` back to the system (madvise MADV_DONTNEED): they read as zero
+/// afterwards. The partial pages at either end keep their memory and values (a neighbour's elements may
+/// lie there). `buf` must lie in map_pages() memory (or any private anonymous mapping).
+void release_pages(std::span<float> buf);
+
+/// Zeroes `buf`: its whole pages by release_pages(), the partial ones at either end by writing zeros.
+void zero_pages(std::span<float> buf);
+
+/// Bytes of memory this process has in use now (its resident set), from /proc/self/statm.
+[[nodiscard]] std::size_t resident_bytes();
+
+}  // namespace sinew
