@@ -2,17 +2,20 @@
 """Sharded optimizer state on a PyTorch transformer with AdamW: Sinew against DDP, ZeroRedundancyOptimizer and
 FSDP2, in one run.
 
-    python3 hpc/bench/shard_torch_bench.py [--ranks 4] [--steps 8] [--layers 6] [--width 512] [--vocab 32000]
+    python3 hpc/bench/shard_torch_bench.py [--ranks 4] [--steps 4] [--layers 8] [--width 1024] [--vocab 32000]
 
 The same 4-rank job (a torch.nn transformer encoder, AdamW with weight decay on the matrices only, the same
 synthetic token batches, one torch thread per rank) as the script's own loop, each way:
   ddp        DistributedDataParallel over gloo, torch.optim.AdamW (the whole state on every rank);
   zero       DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW) (ZeRO-1, no redundancy);
-  fsdp2      torch.distributed.fsdp.fully_shard per encoder layer and the root, over gloo on the CPU (ZeRO-3);
+  fsdp2      torch.distributed.fsdp.fully_shard on the embedding, per encoder layer and the root, over gloo on the
+             CPU (ZeRO-3);
   sinew      Sinew's own loop (sinew.init, job.wrap, job.sampler), --shard none;
   sinew-r1   --shard optimizer --shard-replicas 1;
   sinew-r2   --shard optimizer --shard-replicas 2 (each shard on two ranks: a kill is recovered in place);
-  sinew-g1, sinew-g2   --shard gradients (ZeRO-2: the gradients reduce-scattered to the holders), R = 1 and 2.
+  sinew-g1, sinew-g2   --shard gradients (ZeRO-2: the gradients reduce-scattered to the holders), R = 1 and 2;
+  sinew-p1, sinew-p2   --shard parameters (ZeRO-3), the same units as FSDP2's (job.wrap(units=[embedding, *layers])),
+             R = 1 and 2.
 Reports the peak resident memory per rank (the largest over the ranks), as a ratio of DDP's, and the median step
 time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
 left out. Writes shard_torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
@@ -31,7 +34,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2", "sinew-g1", "sinew-g2"]
+WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2", "sinew-g1", "sinew-g2", "sinew-p1", "sinew-p2"]
 SEQ = 32
 
 
@@ -67,6 +70,11 @@ def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def worker(a):
     import torch
     import torch.nn.functional as F
@@ -74,6 +82,8 @@ def worker(a):
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     total = a.warmup + a.steps
+    # torch.optim's first optimizer imports much of torch (dynamo's modules): before the baseline, in every way.
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, a.vocab, (total * a.batch * size, SEQ), generator=g)
     y = torch.randint(0, 10, (len(x),), generator=g)
@@ -90,9 +100,11 @@ def worker(a):
     if a.worker in ("ddp", "zero", "fsdp2"):
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=size)
+        base = resident_mb()
         net = build(a)
         if a.worker == "fsdp2":
             from torch.distributed.fsdp import fully_shard
+            fully_shard(net.embed)
             for layer in net.layers:
                 fully_shard(layer)
             model = fully_shard(net)
@@ -112,16 +124,21 @@ def worker(a):
         timed_loop(model, opt, batches)
         dist.barrier()
         dist.destroy_process_group()
-        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb()}
+        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "base_mb": base}
     else:
         import sinew
         from torch.utils.data import DataLoader, TensorDataset
         shard = {"sinew": {}, "sinew-r1": {"shard": "optimizer", "shard_replicas": 1},
                  "sinew-r2": {"shard": "optimizer", "shard_replicas": 2},
                  "sinew-g1": {"shard": "gradients", "shard_replicas": 1},
-                 "sinew-g2": {"shard": "gradients", "shard_replicas": 2}}[a.worker]
+                 "sinew-g2": {"shard": "gradients", "shard_replicas": 2},
+                 "sinew-p1": {"shard": "parameters", "shard_replicas": 1},
+                 "sinew-p2": {"shard": "parameters", "shard_replicas": 2}}[a.worker]
         job = sinew.init(max_steps=total, progress=False, log_level="warn", **shard)
-        model = job.wrap(build(a), "transformer")
+        base = resident_mb()
+        net = build(a)
+        units = {"units": [net.embed, *net.layers]} if a.worker.startswith("sinew-p") else {}
+        model = job.wrap(net, "transformer", **units)
         groups, cls, kw = adamw(model.parameters())
         opt = cls(groups, **kw)
         data = TensorDataset(x, y)
@@ -129,7 +146,7 @@ def worker(a):
         for _ in job.epochs(1):
             timed_loop(model, opt, loader)
         rank = job.rank
-        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb()}
+        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "base_mb": base}
     with open(os.path.join(a.dir, f"result-{a.worker}-{rank}.json"), "w") as f:
         json.dump(out, f)
     return 0
@@ -156,17 +173,18 @@ def launch(a, way, d):
         lines = [l for l in (out.stdout + out.stderr).splitlines() if "Error" in l or "error" in l]
         return {"error": (lines[-1] if lines else f"exit {out.returncode}")[:300]}
     return {"step_ms": statistics.median(t for r in res for t in r["step_ms"]),
-            "rss_mb": max(r["rss_mb"] for r in res)}
+            "rss_mb": max(r["rss_mb"] for r in res),
+            "state_mb": max(r["rss_mb"] - r["base_mb"] for r in res)}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--ways", default=",".join(WAYS))
     p.add_argument("--out", default=os.path.join(ROOT, "hpc", "bench", "results"))
@@ -187,14 +205,22 @@ def main():
     base = rows.get("ddp", {})
     print(f"\ntransformer {a.layers}x{a.width}, vocab {a.vocab}: {params / 1e6:.1f} M parameters, AdamW, "
           f"{a.ranks} ranks, batch {a.batch}x{SEQ} tokens per rank, torch {torch.__version__}")
-    print(f"{'':10}{'peak RSS MB':>12}{'x DDP':>7}{'step ms':>9}{'x DDP':>7}")
+    fsdp = rows.get("fsdp2", {})
+    print("peak RSS: the largest rank's; training memory: its peak RSS less its RSS before the model was built "
+          "(torch, the process group: the same libraries whatever the way)")
+    print(f"{'':10}{'peak RSS MB':>12}{'x DDP':>7}{'training MB':>12}{'x DDP':>7}{'step ms':>9}{'x DDP':>7}"
+          f"{'x FSDP2':>8}")
+    nan = float("nan")
     for way, r in rows.items():
         if "error" in r:
             print(f"{way:10}  could not run here: {r['error']}")
             continue
-        rx = r["rss_mb"] / base["rss_mb"] if "rss_mb" in base else float("nan")
-        sx = r["step_ms"] / base["step_ms"] if "step_ms" in base else float("nan")
-        print(f"{way:10}{r['rss_mb']:12.0f}{rx:7.2f}{r['step_ms']:9.0f}{sx:7.2f}")
+        rx = r["rss_mb"] / base["rss_mb"] if "rss_mb" in base else nan
+        tx = r["state_mb"] / base["state_mb"] if "state_mb" in base else nan
+        sx = r["step_ms"] / base["step_ms"] if "step_ms" in base else nan
+        fx = r["step_ms"] / fsdp["step_ms"] if "step_ms" in fsdp else nan
+        print(f"{way:10}{r['rss_mb']:12.0f}{rx:7.2f}{r['state_mb']:12.0f}{tx:7.2f}{r['step_ms']:9.0f}{sx:7.2f}"
+              f"{fx:8.2f}")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "shard_torch_bench.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "params": params, "ranks": a.ranks,

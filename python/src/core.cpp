@@ -133,11 +133,13 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](const std::vector<std::pair<std::string, at::Tensor>>& params,
                        const std::vector<std::pair<std::string, at::Tensor>>& buffers,
                        const pytorch::Job& job, std::string model) {
-             auto w = std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
-                                                               std::move(model));
-             // --shard optimizer: known before the script's optimiser is adopted (per shard, then).
-             if (job.config().shard != train::ShardStage::kNone) w->shard_state();
-             return w;
+             // --shard: known before the script's optimiser is adopted (per shard, then).
+             if (job.config().shard != train::ShardStage::kNone) {
+               return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
+                                                               std::move(model), pytorch::TorchWorkload::Sharded{});
+             }
+             return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
+                                                             std::move(model));
            }),
            py::arg("params"), py::arg("buffers"), py::arg("job"), py::arg("model"))
       .def("describe", &pytorch::TorchWorkload::describe)

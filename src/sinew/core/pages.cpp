@@ -1,5 +1,6 @@
 #include "sinew/core/pages.hpp"
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -69,6 +70,8 @@ void release_pages(std::span<float> buf) {
                 std::strerror(errno));
   }
 }
+
+void trim_heap() noexcept { malloc_trim(0); }
 
 std::size_t resident_bytes() {
   std::ifstream f("/proc/self/statm");

@@ -23,6 +23,11 @@ void release_pages(std::span<float> buf);
 /// Zeroes `buf`: its whole pages by release_pages(), the partial ones at either end by writing zeros.
 void zero_pages(std::span<float> buf);
 
+/// Returns the memory the C heap holds free to the system (glibc's malloc_trim): tensors freed below the
+/// heap's mmap threshold (32 MiB at most) otherwise keep their pages, as the model's own tensors do once
+/// they have been moved into the flat buffers.
+void trim_heap() noexcept;
+
 /// Bytes of memory this process has in use now (its resident set), from /proc/self/statm.
 [[nodiscard]] std::size_t resident_bytes();
 

@@ -102,6 +102,9 @@ at::Tensor flatten(std::vector<NamedTensor>& tensors, std::vector<Slice>& slices
       view.copy_(t);
     }
     t.set_data(view);
+    // The tensor's own memory is free now: give it back before the next one is copied, so that the model is
+    // not held twice at once (a large model's peak is then its size plus one tensor's).
+    if (device.is_cpu() && view.nbytes() >= (1u << 20)) trim_heap();
   }
   return flat;
 }
@@ -156,6 +159,16 @@ TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedT
 }
 
 TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
+                             const optim::OptimizerOptions& optimizer, std::string model, Sharded)
+    : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
+  if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
+  for (const NamedTensor& p : params_) check_parameter(p);
+  if (device_of(params_, buffer_tensors_).is_cuda())
+    SINEW_THROW(InvalidArgument, "--shard: not on a GPU yet (the model is on a GPU); use --shard none");
+  init(optimizer, /*sharded=*/true);
+}
+
+TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
                              const optim::OptimizerOptions& optimizer, std::string model, Device device)
     : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
   if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
@@ -166,7 +179,7 @@ TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedT
   init(optimizer);
 }
 
-void TorchWorkload::init(const optim::OptimizerOptions& optimizer) {
+void TorchWorkload::init(const optim::OptimizerOptions& optimizer, bool sharded) {
   for (const NamedTensor& b : buffer_tensors_) {
     if (b.tensor.scalar_type() != at::kFloat)
       SINEW_THROW(InvalidArgument, "buffer '{}' must be float32 (it is {})", b.name,
@@ -189,12 +202,19 @@ void TorchWorkload::init(const optim::OptimizerOptions& optimizer) {
     host_grads_ = at::zeros_like(host_params_);  // the layout's size for the runtime; never trained
     host_buffers_ = host_copy(flat_buffers_);
     for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
+  } else if (sharded) {
+    sharded_ = true;
+    sharded_name_ = optim::make_optimizer(optimizer, 0)->name();
+    host_params_ = flat_params_;
+    host_grads_ = flat_grads_;
+    host_buffers_ = flat_buffers_;
   } else {
     optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
     host_params_ = flat_params_;
     host_grads_ = flat_grads_;
     host_buffers_ = flat_buffers_;
   }
+  fresh_grads_ = d.is_cpu();      // mapped zeros: no page of them is taken before backward writes it
   begin_micro_batch(0, 1, 0, 1);  // .grad of every parameter: its view, zero
   armed_ = false;                 // a backward outside a step reports nothing
 }
@@ -521,6 +541,7 @@ void TorchWorkload::restore_buffers() {
 }
 
 void TorchWorkload::zero_grads() {
+  if (std::exchange(fresh_grads_, false)) return;
   if (sparse_grads_) {
     zero_pages(span_of(flat_grads_));  // no memory until backward writes them
   } else {

@@ -115,6 +115,11 @@ class TorchWorkload final : public workload::Workload {
   /// build without CUDA (naming the tensor and what to do).
   TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
                 const optim::OptimizerOptions& optimizer, std::string model);
+  /// The same for a sharded optimiser state (shard_state() from the start: Sinew's fused optimiser's whole
+  /// state is never allocated, which for a large model would double its memory at this point).
+  struct Sharded {};
+  TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
+                const optim::OptimizerOptions& optimizer, std::string model, Sharded);
   /// The same on `device`, whatever memory the tensors are in: the device path over host memory, for tests
   /// with the fake NCCL (tests/mpi/nccl_fake.hpp), whose "device memory" is host memory.
   TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
@@ -242,7 +247,7 @@ class TorchWorkload final : public workload::Workload {
   void on_grad(std::size_t i, const at::Tensor& param);
 
  private:
-  void init(const optim::OptimizerOptions& optimizer);
+  void init(const optim::OptimizerOptions& optimizer, bool sharded = false);
   void report(std::size_t i);
 
   std::vector<NamedTensor> params_, buffer_tensors_;
@@ -263,6 +268,7 @@ class TorchWorkload final : public workload::Workload {
   std::optional<ExternalOptimizer> external_;
   bool sharded_ = false;       // shard_state()
   bool sparse_grads_ = false;  // shard_parameters()
+  bool fresh_grads_ = false;   // the gradients were never written (zero_grads() has nothing to do)
   bool shards_made_ = false;   // the runtime asked for a shard's optimiser
   std::string sharded_name_;   // use_sharded_optimizer()
   ShardFactory shard_factory_;

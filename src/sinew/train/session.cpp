@@ -146,7 +146,10 @@ struct Session::Impl {
       if (!fabric().algorithm().lockstep()) state.mark_agreed();
       // --shard parameters: the model was whole until now (its initial or loaded values); from here on
       // this member keeps its shards of it in memory, and units are gathered when they run.
-      if (shards && shards->parameters_sharded()) shards->release_unheld(work.params());
+      if (shards && shards->parameters_sharded()) {
+        shards->release_unheld(work.params());
+        trim_heap();
+      }
     }
     lr.build_schedule(state.pos());
   }
