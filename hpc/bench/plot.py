@@ -3,11 +3,14 @@
 
 usage: plot.py OUT_DIR [allreduce-2.json allreduce-4.json ...] [--train-step train_step_summary.json]
                 [--checkpoint checkpoint_summary.json] [--torch torch_bench.json]
+                [--shard-torch shard_torch_bench.json]
 Writes OUT_DIR/allreduce_busbw.png (bus bandwidth vs message size, Sinew bucketed vs MPI_Allreduce, one
 line pair per rank count), OUT_DIR/train_step.png (step time, Sinew vs PyTorch DDP) and
 OUT_DIR/checkpoint_vs_dd.png (checkpoint write and restore throughput as a multiple of dd's, local disk
 and GlusterFS; hpc/bench/checkpoint_bench.sh) and OUT_DIR/torch_vs_ddp.png (PyTorch models, Sinew against
-DDP: step time, peak memory, communication hidden behind backward; hpc/bench/torch_bench.py).
+DDP: step time, peak memory, communication hidden behind backward; hpc/bench/torch_bench.py) and
+OUT_DIR/shard_torch.png (sharded state on a transformer: training memory per rank as a multiple of DDP's, step
+time as a multiple of FSDP2's; hpc/bench/shard_torch_bench.py).
 """
 import argparse
 import json
@@ -26,6 +29,7 @@ def main():
     p.add_argument("--train-step")
     p.add_argument("--checkpoint")
     p.add_argument("--torch")
+    p.add_argument("--shard-torch")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.allreduce:
@@ -95,6 +99,30 @@ def main():
         fig.suptitle(f"{rows[0]['ranks']} ranks on {s.get('cores', '?')} cores, one torch thread each", fontsize=10)
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "torch_vs_ddp.png"), dpi=110)
+    if a.shard_torch:
+        s = json.load(open(a.shard_torch))
+        rows = {k: v for k, v in s["rows"].items() if "error" not in v}
+        ddp, fsdp = rows["ddp"], rows["fsdp2"]
+        names = list(rows)
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for ax, (values, ref, title, target) in zip(axes, [
+                ([rows[n]["state_mb"] / ddp["state_mb"] for n in names], "DDP",
+                 "training memory per rank (peak less the libraries')", (0.55, 0.35)),
+                ([rows[n]["step_ms"] / fsdp["step_ms"] for n in names], "FSDP2", "median step time", (1.1,))]):
+            colors = ["tab:orange" if not n.startswith("sinew") else
+                      "tab:green" if n.startswith("sinew-p") else "tab:blue" for n in names]
+            bars = ax.bar(range(len(names)), values, color=colors)
+            ax.bar_label(bars, fmt="%.2f", fontsize=8)
+            for t in target:
+                ax.axhline(t, color="gray", linestyle=":", linewidth=1)
+            ax.set_xticks(range(len(names)), names, rotation=35, fontsize=8)
+            ax.set_ylabel(f"x {ref}")
+            ax.set_title(title, fontsize=10)
+            ax.margins(y=0.2)
+        fig.suptitle(f"transformer {s['layers']}x{s['width']}, {s['params'] / 1e6:.0f} M parameters, AdamW, "
+                     f"{s['ranks']} ranks on the CPU (dotted: issue 51's targets)", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "shard_torch.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ own loop. Modes:
                 redo the failed step from their memory;
   sinew R=2     shard="optimizer", shard_replicas=2 (ZeRO-1, each shard of AdamW's state on two ranks): in place,
                 the dead rank's shards rebuilt from their replicas and resharded over the 3 survivors;
+  sinew ZeRO-3 R=2   shard="parameters", shard_replicas=2: the parameters and gradients sharded too (the encoder
+                layers are the units), the same recovery in place;
   sinew R=1     shard="optimizer", shard_replicas=1 (no redundancy): the dead rank's shard is lost, the job
                 exits 75 and sinew-run (mpi_scripts/sinew-run) relaunches it on the 3 surviving slots from its
                 newest checkpoint (Sinew's HDF5, the same --ckpt-every);
@@ -48,9 +50,10 @@ from shard_torch_bench import SEQ, adamw, build  # noqa: E402
 from torch_recovery_bench import RANKS, VICTIM, events, mpi_env, worker_env  # noqa: E402
 
 BATCH = 2
-MODES = ["sinew whole", "sinew R=2", "sinew R=1", "torchrun"]
+MODES = ["sinew whole", "sinew R=2", "sinew ZeRO-3 R=2", "sinew R=1", "torchrun"]
 SHARD = {"sinew whole": ["--shard", "none"],
          "sinew R=2": ["--shard", "optimizer", "--shard-replicas", "2"],
+         "sinew ZeRO-3 R=2": ["--shard", "parameters", "--shard-replicas", "2"],
          "sinew R=1": ["--shard", "optimizer", "--shard-replicas", "1"]}
 
 

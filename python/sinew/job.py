@@ -41,22 +41,27 @@ def _option_words(kwargs):
     return words
 
 
+_REPEATABLE = {"--inject-fault"}  # sinew-train's options that may be given several times (they add up)
+
+
 def _split(words):
-    """sinew-train's words by option: {"--algorithm": ["--algorithm", "bytegrad"], "--overlap": ["--overlap"]}."""
+    """sinew-train's words by option: {"--algorithm": ["--algorithm", "bytegrad"], "--overlap": ["--overlap"]}.
+    A repeatable option given several times keeps every occurrence; any other, the last."""
     out, i = {}, 0
     while i < len(words):
         w = words[i]
         if not w.startswith("--"):
             raise _usage(f"'{w}' in the options is not an option (options start with --)")
         if "=" in w:
-            out[w.split("=", 1)[0]] = [w]
+            name, group = w.split("=", 1)[0], [w]
             i += 1
         elif i + 1 < len(words) and not words[i + 1].startswith("--"):
-            out[w] = [w, words[i + 1]]
+            name, group = w, [w, words[i + 1]]
             i += 2
         else:
-            out[w] = [w]
+            name, group = w, [w]
             i += 1
+        out[name] = out.get(name, []) + group if name in _REPEATABLE else group
     return out
 
 

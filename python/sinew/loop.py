@@ -213,6 +213,8 @@ class Loop:
         params = model._named_params
         self.optimizer = self._find_optimizer(params)
         work = model._work
+        from .memory import check as check_memory
+        check_memory(job, model, self.optimizer)  # before the state is made: a model too large says which stage fits
         if self.optimizer is not None:
             self._find_schedulers()
             job._adopted.add(id(self.optimizer))

@@ -9,6 +9,7 @@ Its options are its own: Sinew's come from SINEW_OPTIONS (the tests set --datase
 scheduler's state there (.pt). --trap: one of the habits that must fail loudly or work (see TRAPS).
 """
 import argparse
+import os
 import sys
 
 import torch
@@ -19,11 +20,14 @@ from torch.utils.data import DataLoader, TensorDataset
 import sinew
 
 TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
-         "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng")
+         "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng", "state-dict")
 
 
 def build(name, channels, height, width, classes):
     torch.manual_seed(1234)
+    if name == "big":  # 25.3 M parameters: 101 MB, AdamW's whole training state 405 MB
+        return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 2048), nn.ReLU(),
+                             *[m for _ in range(6) for m in (nn.Linear(2048, 2048), nn.ReLU())], nn.Linear(2048, classes))
     if name == "deep":  # 0.56 M parameters: shards of many pages each (shard="parameters" gives pages back)
         return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 512), nn.ReLU(), nn.Linear(512, 512),
                              nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, classes))
@@ -32,6 +36,46 @@ def build(name, channels, height, width, classes):
     return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                          nn.Flatten(), nn.Linear(16, classes))
+
+
+class Cgroup:
+    """A memory cgroup of this process's own (v1 or v2), for --mem-limit."""
+
+    def __init__(self, path, v1):
+        self.path, self.v1 = path, v1
+
+    def _file(self, v1, v2):
+        return os.path.join(self.path, v1 if self.v1 else v2)
+
+    def usage(self):
+        return int(open(self._file("memory.usage_in_bytes", "memory.current")).read())
+
+    def peak(self):
+        f = self._file("memory.max_usage_in_bytes", "memory.peak")
+        return int(open(f).read()) if os.path.exists(f) else self.usage()
+
+    def set_limit(self, limit):
+        with open(self._file("memory.limit_in_bytes", "memory.max"), "w") as f:
+            f.write(str(limit))
+
+
+def own_cgroup():
+    """Moves this process into a new memory cgroup (sinew-test-PID); exits 77 where none can be made here."""
+    for root, v1 in (("/sys/fs/cgroup/memory", True), ("/sys/fs/cgroup", False)):
+        control = os.path.join(root, "memory.limit_in_bytes" if v1 else "cgroup.subtree_control")
+        if not os.path.exists(control) or (not v1 and "memory" not in open(control).read().split()):
+            continue
+        path = os.path.join(root, f"sinew-test-{os.getpid()}")
+        try:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            return Cgroup(path, v1)
+        except OSError as e:
+            print(f"[own_loop] SKIP: cannot make a memory cgroup under {root}: {e}", flush=True)
+            sys.exit(77)
+    print("[own_loop] SKIP: no writable memory cgroup controller on this machine", flush=True)
+    sys.exit(77)
 
 
 def _first_shown(batches, job):
@@ -55,6 +99,10 @@ def main():
     p.add_argument("--out", default="")
     p.add_argument("--trap", default="none", choices=TRAPS)
     p.add_argument("--clip", type=float, default=0.0, help="clip the gradients' norm to this (0: no clipping)")
+    p.add_argument("--mem-limit", type=float, default=0.0,
+                   help="run in a memory cgroup of its own whose limit is what the process uses after sinew.init() "
+                        "plus this many bytes per parameter of the model (as a scheduler's per-task limit); exit "
+                        "77 where this machine cannot make one")
     p.add_argument("--clip-by", default="torch", choices=["torch", "model"],
                    help="torch.nn.utils.clip_grad_norm_ or the wrapper's model.clip_grad_norm_ (sharded gradients)")
     args = p.parse_args()  # all of argv: nothing of Sinew's is on it
@@ -69,8 +117,19 @@ def main():
         print("[own_loop] no error for an unknown keyword", flush=True)
         return 1
 
+    cgroup = own_cgroup() if args.mem_limit > 0 else None
     job = sinew.init()
     train_x, train_y, test_x, test_y, _ = job.dataset()
+    if cgroup is not None:
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # (torch.optim's first use imports much of torch)
+        with torch.device("meta"):
+            count = sum(q.numel() for q in build(args.model, train_x.shape[1], train_x.shape[2], train_x.shape[3],
+                                                 int(train_y.max()) + 1).parameters())
+        limit = cgroup.usage() + int(args.mem_limit * count)
+        cgroup.set_limit(limit)
+        if job.rank == 0:
+            print(f"[own_loop] memory limit per rank: {limit / 2**20:.0f} MiB ({cgroup.path}), {count / 1e6:.1f} M "
+                  f"parameters", flush=True)
     train = TensorDataset(train_x, train_y)
     net = build(args.model, train_x.shape[1], train_x.shape[2], train_x.shape[3], int(train_y.max()) + 1)
     if args.trap == "frozen":
@@ -149,6 +208,8 @@ def main():
                     if not torch.equal(a, b):
                         print(f"[own_loop] step {job.step}: {k} differs from plain PyTorch's", flush=True)
                         return 1
+            if args.trap == "state-dict" and i == 2:
+                torch.save(model.state_dict(), "/dev/null")  # DDP's habit: save the model in the loop
             if args.trap == "late-optimizer" and i == 2:
                 torch.optim.SGD(model.parameters(), lr=0.1).step()
             if args.trap == "break" and i == 2:
@@ -182,6 +243,11 @@ def main():
               f"{int(net[1].num_batches_tracked)}; equal on every rank: {same}", flush=True)
         if not same:
             return 1
+    if cgroup is not None:
+        peak = job.all_reduce(cgroup.peak(), op="max")
+        if job.rank == 0:
+            print(f"[own_loop] peak memory of the ranks' cgroups: {peak / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB",
+                  flush=True)
     if job.rank == 0:
         s = job.summary
         print(f"[own_loop] done: {s['steps']} steps, {s['failures']} failures, world {s['world_size']}, "

@@ -24,6 +24,12 @@
 #   loop-shard         --shard optimizer and gradients with AdamW (two parameter groups): bit for bit the whole
 #                      state's run; a kill -9 recovered in place from the shards' replicas; clipping with
 #                      sharded gradients (model.clip_grad_norm_; torch's own function fails loudly)
+#   loop-zero3         --shard parameters (ZeRO-3): bit for bit the whole state's run at R = 2 and 1; kill -9 of
+#                      rank 0, of a rank in its update, of two ranks, of a replica holder during the recovery:
+#                      in place, audit exact, the failure-free parameters; clipping; a checkpoint of sharded
+#                      parameters read by h5py and resumed at 3 ranks (ZeRO-1) and 2 (unsharded)
+#   loop-memlimit      a model over the per-rank memory limit (a cgroup per rank): unsharded it fails at start
+#                      naming the stage it needs; shard="parameters" trains within it and survives a kill -9
 #   loop-kill          kill -9 of a rank in forward, backward and the optimizer's step (2 DataLoader workers),
 #                      and of rank 0: in place, audit exact, parameters, BatchNorm's statistics, the scheduler
 #                      and the learning rate those of the failure-free run (num_batches_tracked exactly)
@@ -438,6 +444,89 @@ PY
     loop 4 120 --clip 0.1 --epochs 1 -- "${lcommon[@]}" --shard gradients
     expect_error 2 "clip with model.clip_grad_norm_(max_norm) instead" "torch.nn.utils.clip_grad_norm_ with shard='gradients'"
     ;;
+  loop-zero3)
+    # --shard parameters (ZeRO-3): each rank keeps its shards of the parameters, gradients and AdamW's state; the
+    # model's layers (units) are gathered while they run. Bit for bit the whole state's run at R = 2 and R = 1.
+    zopts=(--model deep --optimizer adamw)
+    loop 4 180 "${zopts[@]}" --out "$d/whole.pt" -- "${lcommon[@]}" || fail "whole: exit $?"
+    for r in 2 1; do
+      loop 4 180 "${zopts[@]}" --out "$d/p$r.pt" -- "${lcommon[@]}" --shard parameters --shard-replicas $r \
+        || fail "R=$r: exit $?"
+      grep -q "reduced gradients and parameters sharded over 4 ranks, each shard held by $r" "$d/out.txt" \
+        || fail "R=$r: not sharded"
+      compare_loop "$d/whole.pt" "$d/p$r.pt" 0 || fail "R=$r differs from the whole state"
+    done
+    # kill -9 at R = 2, in place, audit exact, the failure-free parameters: rank 0 in backward (the units'
+    # gathers inside backward fail); rank 2 in its update (the next forward's gathers fail); ranks 0 and 1 at
+    # once (they hold different shards); rank 1, then rank 2 (a replica holder) during the recovery.
+    for f in "0:backward:12" "2:optimizer:9" "0:allreduce:10 1:allreduce:10" "1:forward:10 2:recovery:10"; do
+      faults=()
+      for x in $f; do faults+=(--inject-fault "$x"); done
+      rm -rf "$d/audit"
+      loop 4 180 "${zopts[@]}" --workers 2 --out "$d/killed.pt" -- "${lcommon[@]}" --shard parameters \
+        --audit-dir "$d/audit" "${faults[@]}" || fail "$f: exit $?"
+      grep -q "recovered in place" "$d/out.txt" || fail "$f: not recovered in place"
+      audit >/dev/null || fail "$f: audit"
+      cmp=$(compare_loop "$d/whole.pt" "$d/killed.pt" 1e-6) || fail "$f: state ($cmp)"
+      echo "killed at $f: recovered in place, audit exact; $cmp"
+    done
+    # Clipping: torch.nn.utils.clip_grad_norm_ over the model is the norm over the group (SGD, as loop-shard).
+    loop 4 180 --model deep --clip 0.1 --out "$d/clip-whole.pt" -- "${lcommon[@]}" || fail "clip whole: exit $?"
+    loop 4 180 --model deep --clip 0.1 --out "$d/clip-p.pt" -- "${lcommon[@]}" --shard parameters \
+      || fail "clip: exit $?"
+    compare_loop "$d/clip-whole.pt" "$d/clip-p.pt" 1e-6 || fail "clip_grad_norm_ differs from the whole gradients'"
+    loop 2 120 --model deep --trap state-dict --epochs 1 -- "${lcommon[@]}" --shard parameters
+    expect_error 2 "model.state_dict() during training with shard='parameters'" "model.state_dict() in the loop"
+    # A checkpoint of sharded parameters at 4 ranks holds the whole state's tensors (read with h5py), and loads at
+    # 3 ranks with sharded optimizer state and at 2 ranks unsharded as the whole state's checkpoint does.
+    for way in none parameters; do
+      loop 4 180 "${zopts[@]}" -- "${lcommon[@]}" --shard $way --checkpoint-dir "$d/c-$way" --checkpoint-every 8 \
+        --max-steps 16 || fail "checkpoint $way: exit $?"
+    done
+    "$python" - "$d/c-none" "$d/c-parameters" <<'PY' || fail "the checkpoints' tensors differ"
+import sys
+from sinew import checkpoint
+a, b = checkpoint.read(sys.argv[1]), checkpoint.read(sys.argv[2])
+assert a["step"] == b["step"] == 16, (a["step"], b["step"])
+for part in ("model", "optim"):
+    assert a[part].keys() == b[part].keys(), (part, sorted(a[part]), sorted(b[part]))
+    for k in a[part]:
+        assert a[part][k].equal(b[part][k]), f"{part}/{k} differs"
+print(f"step 16: {len(a['model'])} tensors and {len(a['optim'])} optimizer tensors equal, by module key (h5py)")
+PY
+    for n_stage in "3 optimizer" "2 none"; do
+      set -- $n_stage
+      for way in none parameters; do
+        loop "$1" 180 "${zopts[@]}" --out "$d/r$1-$way.pt" -- "${lcommon[@]}" --shard "$2" \
+          --resume "$(ls -d "$d/c-$way"/ckpt-0000000016* | tail -n 1)" || fail "resume $way at $1 ranks: exit $?"
+        grep -q "resumed from" "$d/out.txt" || fail "resume $way at $1 ranks: not resumed"
+      done
+      compare_loop "$d/r$1-none.pt" "$d/r$1-parameters.pt" 0 \
+        || fail "resumed at $1 ranks (--shard $2): the sharded checkpoint's run differs"
+    done
+    ;;
+  loop-memlimit)
+    # A model whose whole training state does not fit the memory each rank may use: a memory cgroup per rank
+    # (own_loop.py --mem-limit), 11 bytes per parameter above what the rank uses after sinew.init(), for a
+    # model whose AdamW state takes 16. Unsharded it fails at start, naming the stage that fits; with
+    # shard="parameters" (R = 2) it trains at 4 ranks within the limit and survives a kill -9 in place.
+    loop 4 240 --model big --optimizer adamw --mem-limit 11 -- "${lcommon[@]}"
+    if [ "$rc" -eq 77 ]; then
+      grep -m1 "SKIP" "$d/out.txt"
+      exit 77
+    fi
+    expect_error 2 "per rank with shard='none', more than this rank may use.*shard='parameters' needs about" \
+      "the whole state under the limit"
+    rm -rf "$d/audit"
+    loop 4 300 --model big --optimizer adamw --mem-limit 11 -- "${lcommon[@]}" --shard parameters \
+      --audit-dir "$d/audit" --inject-fault 1:backward:6 || fail "sharded under the limit: exit $?"
+    grep -q "recovered in place" "$d/out.txt" || fail "sharded under the limit: not recovered in place"
+    audit >/dev/null || fail "sharded under the limit: audit"
+    grep -h "memory limit per rank\|peak memory" "$d/out.txt"
+    for g in /sys/fs/cgroup/memory/sinew-test-* /sys/fs/cgroup/sinew-test-*; do
+      [ -d "$g" ] && rmdir "$g" 2>/dev/null  # (the ranks' cgroups, empty once they exited)
+    done
+    ;;
   loop-kill)
     for f in 1:forward:9 2:backward:20 3:optimizer:13 0:backward:17; do
       rm -rf "$d/audit"
@@ -446,8 +535,8 @@ PY
       python3 "$root/tests/cli/check_run.py" "$d/metrics.jsonl" --failures 1 --event recovered \
         --final-world-size 4 >/dev/null || fail "$f: metrics"
       audit >/dev/null || fail "$f: audit"
-      echo "killed at $f: recovered in place, audit exact; $(compare_loop "$workdir/loop-reference.pt" "$d/got.pt" 1e-4)" \
-        || fail "$f: state"
+      cmp=$(compare_loop "$workdir/loop-reference.pt" "$d/got.pt" 1e-4) || fail "$f: state ($cmp)"
+      echo "killed at $f: recovered in place, audit exact; $cmp"
       compare_loop "$workdir/loop-reference.pt" "$d/got.pt" 1e-4 >/dev/null || fail "$f: state differs"
     done
     ;;

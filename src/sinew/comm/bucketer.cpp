@@ -99,7 +99,26 @@ void GradientBucketer::mark_ready(Slice r, CUevent_st* ready) {
     notify = layout_.arrive(r.offset).complete;
     if (notify) pending_.fetch_add(1, std::memory_order_release);
   }
-  if (notify && opts_.overlap) cv_.notify_all();
+  if (!notify || !opts_.overlap) return;
+  cv_.notify_all();
+  if (opts_.max_backlog == 0) return;
+  // The backlog: complete buckets from the next one to reduce on (only those the thread can take now; a later
+  // complete bucket behind an incomplete one waits for backward, which must not wait for it).
+  std::unique_lock lock(mu_);
+  const auto backlog = [&] {
+    std::size_t b = reduced_;
+    while (b < num_buckets() && layout_.complete(b)) ++b;
+    return b - reduced_;
+  };
+  if (!cv_.wait_for(lock, opts_.op.timeout,
+                    [&] { return stop_ || error_ != nullptr || backlog() <= opts_.max_backlog; })) {
+    lock.unlock();
+    backend_.abort();
+    SINEW_THROW(Timeout,
+                "gradient buckets waited more than {} ms for the communication thread; a peer is dead, "
+                "stopped or far behind",
+                opts_.op.timeout.count());
+  }
 }
 
 void GradientBucketer::reduce(std::size_t b, bool blocking) {

@@ -118,6 +118,11 @@ struct BucketOptions {
   std::size_t bucket_bytes = 4u << 20;  ///< target bucket size; a range larger than this is a bucket alone
   bool overlap = true;                  ///< reduce on a communication thread while backward runs
   Options op;                           ///< per-allreduce options (deadline)
+  /// With overlap: at most this many complete buckets wait for the communication thread; a range reported
+  /// beyond that blocks backward until the thread catches up (0: no bound). Sharded parameters give a
+  /// bucket's gradients back once it is reduced: without a bound a starved communication thread lets the
+  /// whole model's gradients pile up.
+  std::size_t max_backlog = 0;
   /// Replaces the backend's allreduce: reduces one bucket in place (the sum over ranks), e.g. our ring or
   /// ByteGrad (algo/). Arguments: the bucket and its offset in the gradients. It runs on the
   /// communication thread with overlap and must bound its own waits by `op.timeout`.

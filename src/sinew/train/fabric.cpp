@@ -93,6 +93,7 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
   bo.bucket_bytes = bucket_bytes;
   bo.overlap = s.overlap;
   bo.op = s.op;
+  bo.max_backlog = s.bucket_backlog;
   if (!algorithm_->uses_backend_allreduce()) {
     bo.reduce = [a = algorithm_.get()](std::span<float> b, std::size_t offset) {
       a->reduce_bucket(b, offset);

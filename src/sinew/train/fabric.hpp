@@ -65,6 +65,9 @@ struct FabricSetup {
   std::function<void(float lr)> optimizer_step;  ///< a sharded optimiser's step (algo::Context's)
   /// --shard gradients: a bucket's reduce-scatter to its shards' holders (algo::Context's)
   std::function<void(comm::Backend&, std::span<float>, std::size_t)> scatter_bucket;
+  /// The host bucketer's comm::BucketOptions::max_backlog (--shard parameters: the gradients of a bucket are
+  /// released once reduced, so backward must not run far ahead of the reductions).
+  std::size_t bucket_backlog = 0;
   /// A workload on a GPU: collective over the view's MPI backend, picks this member's GPU (opening it the
   /// first time) and returns the gradients in device memory (the flat layout), which NCCL then reduces
   /// as the algorithm declares (algo::DeviceReduction). Empty: the CPU path.

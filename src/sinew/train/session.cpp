@@ -137,8 +137,8 @@ struct Session::Impl {
       }
     } else {
       elastic.connect();
-      if (shards) arrange_shards();
       state.take_rank0(fabric().backend(), setup.op);
+      if (shards) arrange_shards();
       work.to_device();
       checkpoints.resume(fabric());
       if (state.mirrored() && cfg.resume == "auto") elastic.resume_from_mirror(generation);
@@ -164,7 +164,7 @@ struct Session::Impl {
 
   /// A first launch: this member's shards.
   void arrange_shards() {
-    shards->arrange(fabric().rank(), fabric().size());
+    shards->arrange(fabric().rank(), fabric().size(), work.params());
     if (fabric().rank() == 0) spdlog::info("{}", describe(*shards));
   }
 
@@ -192,7 +192,8 @@ struct Session::Impl {
     if (work.on_device()) s.attach_device = [this](comm::Backend& view) { return attach_device(view); };
     if (cfg.shard != ShardStage::kNone)
       s.optimizer_step = [this](float rate) { shards->step(work.params(), work.grads(), rate); };
-    if (cfg.shard == ShardStage::kGradients) {
+    if (cfg.shard == ShardStage::kParameters) s.bucket_backlog = 2;
+    if (cfg.shard == ShardStage::kGradients || cfg.shard == ShardStage::kParameters) {
       s.scatter_bucket = [this](comm::Backend& b, std::span<float> bucket, std::size_t offset) {
         shards->scatter_bucket(b, bucket, offset, setup.op);
       };

@@ -130,9 +130,14 @@ std::vector<ShardedOptimizer::Held> ShardedOptimizer::make_held(int rank, int wo
   return h;
 }
 
-void ShardedOptimizer::arrange(int rank, int world) {
-  held_ = make_held(rank, world);
+void ShardedOptimizer::arrange(int rank, int world, std::span<float> params) {
   layout_ = ShardLayout(total_, world, replicas_);
+  if (parameters_sharded_ && !params.empty()) {
+    const Slice all{0, params.size()};
+    release_except(params, std::span<const Slice>(&all, 1), layout_, rank);
+    trim_heap();
+  }
+  held_ = make_held(rank, world);
   rank_ = rank;
   stale_ = false;
 }
@@ -184,8 +189,17 @@ void ShardedOptimizer::gather_ranges(comm::Backend& backend, std::span<float> pa
 }
 
 void ShardedOptimizer::release(std::span<float> buf, std::span<const Slice> ranges) const {
+  if (!arranged()) {  // holds nothing
+    for (const Slice r : ranges) release_pages(r.of(buf));
+    return;
+  }
+  release_except(buf, ranges, layout_, rank_);
+}
+
+void ShardedOptimizer::release_except(std::span<float> buf, std::span<const Slice> ranges,
+                                      const ShardLayout& layout, int rank) {
   std::vector<Slice> kept;
-  for (const auto& h : held_) kept.push_back(h.range);
+  for (const int s : layout.held_by(rank)) kept.push_back(layout.shard(s));
   std::sort(kept.begin(), kept.end(), [](Slice a, Slice b) { return a.offset < b.offset; });
   for (const Slice r : ranges) {
     std::size_t at = r.offset;

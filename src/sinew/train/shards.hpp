@@ -92,8 +92,10 @@ class ShardedOptimizer {
   /// Sinew's optimiser of `opts` per range.
   ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas, Factory make = nullptr);
 
-  /// A first launch: this member of `world` holds its shards, state zero (as a new optimiser's).
-  void arrange(int rank, int world);
+  /// A first launch: this member of `world` holds its shards, state zero (as a new optimiser's). With
+  /// parameters_sharded(), `params` (the whole model until now) keeps only the held ranges in memory, given
+  /// back before the state is made, so that the two never take memory together.
+  void arrange(int rank, int world, std::span<float> params = {});
   [[nodiscard]] bool arranged() const noexcept { return rank_ >= 0; }
   [[nodiscard]] const ShardLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -194,6 +196,9 @@ class ShardedOptimizer {
 
  private:
   std::vector<Held> make_held(int rank, int world) const;
+  /// release() with the shards of `rank` in `layout` as the held ones.
+  static void release_except(std::span<float> buf, std::span<const Slice> ranges, const ShardLayout& layout,
+                             int rank);
 
   Factory make_;
   std::size_t total_;

@@ -1,0 +1,115 @@
+"""Whether the training state fits the memory this rank may use, checked when training starts, before the state
+is made: a model too large for the limit fails with a message that names the stage it needs, instead of being
+killed by the kernel in its first step.
+
+The limit is the memory cgroup's this process is in (cgroup v2 memory.max, v1 memory.limit_in_bytes), as a
+cluster's scheduler sets one per job or task; an address-space limit (ulimit -v) is not a memory limit (the
+flat buffers of shard="parameters" reserve the whole model's addresses and use a fraction of them). Each rank
+checks its own share: what it needs against the limit less what its cgroup uses now, so ranks that share one
+cgroup are each checked against what is left when they check.
+
+What a stage needs per rank, for P parameters of 4 bytes and an optimizer with k state tensors per parameter
+(AdamW: 2), W ranks and R replicas (s = R / W):
+    none         4P (parameters) + 4P (gradients) + 4kP (state)
+    optimizer    4P + 4P + 4kP s
+    gradients    4P + 4P + 4kP s        (the gradients are whole while backward writes them)
+    parameters   (4P + 4P + 4kP) s + 8 (largest unit) + 8 (root)   (a unit's parameters and gradients whole
+                                                                     while it runs; the root's for the step)
+Activations come on top of all of them: the check refuses only what cannot fit.
+"""
+import os
+
+import torch
+
+from . import UsageError
+
+STAGES = ("none", "optimizer", "gradients", "parameters")
+
+
+def memory_cgroup():
+    """(limit, usage, path) of this process's memory cgroup, or None where it has no limit."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if "memory" in controllers.split(","):  # cgroup v1
+            base = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        elif controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # cgroup v2
+            base = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
+            files = ("memory.max", "memory.current")
+        else:
+            continue
+        try:
+            limit = open(os.path.join(base, files[0])).read().strip()
+            usage = int(open(os.path.join(base, files[1])).read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:
+            continue
+        return int(limit), usage, base
+    return None
+
+
+def state_tensors(opt):
+    """How many tensors of the parameters' size `opt` keeps per parameter (AdamW 2, SGD with momentum 1)."""
+    if opt is None:
+        return 0
+    from .optim import _twin_settings
+    try:
+        probe = torch.nn.Parameter(torch.zeros(2))
+        probe.grad = torch.zeros_like(probe)
+        twin = type(opt)([probe], **_twin_settings(opt))
+        twin.step()
+        return sum(1 for v in twin.state[probe].values() if torch.is_tensor(v) and v.shape == probe.shape)
+    except Exception:  # noqa: BLE001 (an optimizer whose twin cannot be made: count as AdamW's)
+        return 2
+
+
+def need(stage, params, k, world, replicas, unit=0, root=0):
+    """Bytes per rank of the training state at `stage` (the table above)."""
+    s = min(replicas, world) / world
+    if stage == "none":
+        return 4 * params * (2 + k)
+    if stage in ("optimizer", "gradients"):
+        return 4 * params * (2 + k * s)
+    return 4 * params * (2 + k) * s + 8 * unit + 8 * root
+
+
+def check(job, model, opt):
+    """Raises UsageError where this rank's stage cannot fit its cgroup's limit; names the stage that would."""
+    cg = memory_cgroup()
+    if cg is None:
+        return
+    limit, usage, where = cg
+    core = job._job
+    params = model._work.flat_params.numel()
+    units = model._units
+    unit = max((sum(c for _, c in r) for r in units.ranges), default=0) if units is not None else 0
+    root = sum(c for _, c in units.root) if units is not None else 0
+    k = state_tensors(opt)
+    world, replicas = job.size, core.shard_replicas
+    # The flat parameters are in memory already (the model was moved there): part of every stage's need.
+    left = limit - usage + 4 * params
+    stage = core.shard
+    needs = {s: need(s, params, k, world, replicas, unit, root) for s in STAGES}
+    if needs[stage] <= left:
+        return
+    gib = 2 ** 30
+    fits = [s for s in STAGES if needs[s] <= left]
+    name = type(opt).__name__ if opt is not None else "no optimizer"
+    if fits:
+        hint = (f"shard='{fits[0]}' needs about {needs[fits[0]] / gib:.2f} GiB per rank at {world} ranks "
+                f"(shard_replicas={replicas})")
+    else:
+        hint = (f"even shard='parameters' needs {needs['parameters'] / gib:.2f} GiB per rank at {world} ranks "
+                f"(shard_replicas={replicas}): run on more ranks, or ask for more memory")
+    raise UsageError(
+        f"the training state of this model ({params / 1e6:.1f} M parameters, {name}) needs "
+        f"{needs[stage] / gib:.2f} GiB per rank with shard='{stage}', more than this rank may use: its memory "
+        f"cgroup ({where}) allows {limit / gib:.2f} GiB and uses {usage / gib:.2f} GiB now; {hint}")
