@@ -73,6 +73,8 @@ void release_pages(std::span<float> buf) {
 
 void trim_heap() noexcept { malloc_trim(0); }
 
+void return_large_blocks() noexcept { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
+
 std::size_t resident_bytes() {
   std::ifstream f("/proc/self/statm");
   std::size_t size = 0, resident = 0;

@@ -540,6 +540,11 @@ void TorchWorkload::restore_buffers() {
     for (std::size_t i = 0; i < others_.size(); ++i) others_[i].copy_(kept_others_[i]);
 }
 
+void TorchWorkload::shard_parameters() {
+  sparse_grads_ = true;
+  return_large_blocks();  // autograd's temporaries of a layer's size go back to the system when freed
+}
+
 void TorchWorkload::zero_grads() {
   if (std::exchange(fresh_grads_, false)) return;
   if (sparse_grads_) {

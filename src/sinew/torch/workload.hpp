@@ -157,7 +157,7 @@ class TorchWorkload final : public workload::Workload {
   /// --shard parameters: on the CPU, where the flat buffers are core/pages.hpp's memory.
   [[nodiscard]] bool can_shard_parameters() const override { return !device_.has_value(); }
   /// Then the gradients are zeroed by giving their pages back (zero_grads()).
-  void shard_parameters() override { sparse_grads_ = true; }
+  void shard_parameters() override;
   /// Zeroes the flat gradients (a step's first micro-batch; the script's zero_grad()): with sharded
   /// parameters by releasing their memory, which backward takes again range by range as it writes them.
   void zero_grads();
