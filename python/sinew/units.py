@@ -177,6 +177,10 @@ class Units:
 
     def _pre_forward(self, i):
         def hook(module, args):
+            if self.root and -1 not in self.resident and self.active() and not self.job._loop.void:
+                # The root is gathered by the wrapper's forward: this unit runs without it (zeros, not the model).
+                raise UsageError("a unit of a model with sharded parameters ran outside the wrapper's forward: "
+                                 "call model(x), the Model that job.wrap() returned, not the module inside it")
             self._gather(i)
         return hook
 

@@ -4,14 +4,17 @@
 // agreed states, which a newcomer (step -1, no state, no rewind of its own) takes too.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "sinew/comm/mpi/backend.hpp"
+#include "sinew/core/pages.hpp"
 #include "sinew/data/sampler.hpp"
 #include "sinew/model/workload.hpp"
 #include "sinew/optim/optimizer.hpp"
@@ -255,4 +258,80 @@ TEST(StateSync, ShardedNewcomerReceivesItsShards) {
   EXPECT_EQ(m.state.pos().step, 1);
   EXPECT_EQ(m.shards.layout().world, n);
   expect_as_whole(m, params, *whole);
+}
+
+namespace {
+/// A flat parameter buffer in core/pages.hpp's memory, as a PyTorch workload's with --shard parameters.
+struct MappedParams {
+  explicit MappedParams(std::size_t count) : n(count), p(map_pages(count)) {}
+  ~MappedParams() { free_pages(p, n); }
+  MappedParams(const MappedParams&) = delete;
+  MappedParams& operator=(const MappedParams&) = delete;
+  MappedParams(MappedParams&&) = delete;
+  MappedParams& operator=(MappedParams&&) = delete;
+  [[nodiscard]] std::span<float> span() const { return {p, n}; }
+  std::size_t n;
+  float* p;
+};
+
+float value(std::size_t i) { return 1.f + static_cast<float>(i % 9973); }
+
+/// Every element this member holds is `value`; every page without a held element inside `released` (the
+/// whole buffer by default; a released range's edge pages keep their memory) reads zero: it was given back.
+void expect_held_only(const train::ShardedOptimizer& s, std::span<const float> p,
+                      std::vector<Slice> released = {}) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float);
+  if (released.empty()) released.push_back({0, p.size()});
+  const auto inside = [&](std::size_t first, std::size_t last) {
+    return std::any_of(released.begin(), released.end(),
+                       [&](Slice r) { return first >= r.offset && last <= r.end(); });
+  };
+  for (std::size_t first = 0; first < p.size(); first += page) {
+    const std::size_t last = std::min(p.size(), first + page);
+    if (!inside(first, last) || last - first < page) continue;  // (the buffer's last page is not whole in it)
+    bool any = false;
+    for (std::size_t i = first; i < last; ++i) {
+      if (s.holds(i)) {
+        ASSERT_EQ(p[i], value(i)) << "held element " << i;
+        any = true;
+      }
+    }
+    if (!any) {
+      for (std::size_t i = first; i < last; ++i) ASSERT_EQ(p[i], 0.f) << "element " << i << " (not held)";
+    }
+  }
+}
+}  // namespace
+
+// --shard parameters (ZeRO-3): a member keeps its shards of the model in memory; after a growth a newcomer
+// receives its shards' parameters from their holders, point to point; a unit's ranges are gathered from their
+// owners and released again.
+TEST(StateSync, ShardedParametersGatherReleaseAndReshard) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  if (n < 2) GTEST_SKIP() << "needs a newcomer and a member";
+  optim::OptimizerOptions o;
+  o.name = "adam";
+  const std::size_t total = 1'000'003;
+  MappedParams params(total);
+  const auto p = params.span();
+  const bool newcomer = r == n - 1;
+  train::ShardedOptimizer shards(o, total, 2);
+  shards.set_parameters_sharded(true);
+  EXPECT_TRUE(shards.gradients_sharded());
+  if (!newcomer) {
+    for (std::size_t i = 0; i < total; ++i) p[i] = value(i);  // the whole model, as built
+    shards.arrange(r, n - 1, p);                               // the members trained without the newcomer
+    expect_held_only(shards, p);
+  }
+  shards.reshard(backend, p, comm::Options{}, r, n);
+  EXPECT_EQ(shards.layout().world, n);
+  expect_held_only(shards, p);
+  const std::vector<Slice> unit{{total / 7, total / 3}, {total - 1000, 1000}};
+  shards.gather_ranges(backend, p, unit, comm::Options{});
+  for (const Slice u : unit)
+    for (std::size_t i = u.offset; i < u.end(); ++i) ASSERT_EQ(p[i], value(i)) << "gathered element " << i;
+  EXPECT_GT(shards.take_bytes_sent(), 0u);
+  shards.release(p, unit);
+  expect_held_only(shards, p, unit);
 }
