@@ -11,6 +11,7 @@
 #include "sinew/algo/algorithm.hpp"
 #include "sinew/checkpoint/reader.hpp"
 #include "sinew/core/error.hpp"
+#include "sinew/core/pages.hpp"
 #include "sinew/core/timer.hpp"
 #include "sinew/data/sampler.hpp"
 #include "sinew/train/shards.hpp"
@@ -338,6 +339,9 @@ void ReplicatedState::reshard(comm::Backend& backend, const comm::Options& op, i
   // not hold: a member behind gives its shards up and receives them, like a newcomer, from holders that
   // completed the step (none did: the shard is lost, and the job relaunches from its checkpoint).
   if (shards_->gradients_sharded()) {
+    // Sharded parameters: the failed step's gradients are of no use (the step is redone); their memory makes
+    // room for the new layout's state, made beside the old one (kept until the reshard succeeded).
+    if (shards_->parameters_sharded()) release_pages(work_.grads());
     if (behind) {
       shards_->discard();
       restore(root_pos);
