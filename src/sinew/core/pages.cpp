@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <system_error>
 #include <utility>
 
 #include "sinew/core/error.hpp"
@@ -27,7 +28,7 @@ float* map_pages(std::size_t n) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     SINEW_THROW(Error, "cannot reserve {} MiB of address space for a flat buffer: {}", bytes >> 20,
-                std::strerror(errno));
+                std::error_code(errno, std::generic_category()).message());
   }
   return static_cast<float*>(p);
 }
@@ -65,15 +66,18 @@ void release_pages(std::span<float> buf) {
   const auto [first, last] = whole_pages(buf);
   if (last <= first) return;
   // MADV_DONTNEED on a private anonymous mapping: the pages are dropped now and read as zero.
-  if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) {
+  char* const at =
+      reinterpret_cast<char*>(buf.data()) + (first - reinterpret_cast<std::uintptr_t>(buf.data()));
+  if (madvise(at, last - first, MADV_DONTNEED) != 0) {
     SINEW_THROW(InternalError, "madvise(MADV_DONTNEED) of {} bytes failed: {}", last - first,
-                std::strerror(errno));
+                std::error_code(errno, std::generic_category()).message());
   }
 }
 
 void trim_heap() noexcept { malloc_trim(0); }
 
-void return_large_blocks() noexcept { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
+// (Called once, when the runtime shards the parameters, before training starts.)
+void return_large_blocks() noexcept { mallopt(M_MMAP_THRESHOLD, 1 << 20); }  // NOLINT(concurrency-mt-unsafe)
 
 std::size_t resident_bytes() {
   std::ifstream f("/proc/self/statm");
