@@ -136,7 +136,8 @@ PYBIND11_MODULE(_core, m) {
              // --shard: known before the script's optimiser is adopted (per shard, then).
              if (job.config().shard != train::ShardStage::kNone) {
                return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
-                                                               std::move(model), pytorch::TorchWorkload::Sharded{});
+                                                               std::move(model),
+                                                               pytorch::TorchWorkload::Sharded{});
              }
              return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
                                                              std::move(model));

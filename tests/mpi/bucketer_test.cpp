@@ -85,7 +85,8 @@ TEST(Bucketer, RunsCollectivesInOrderBetweenBuckets) {
       if (k % 2 == 0) {
         bucketer.run_in_order([&] {
           double x[1] = {static_cast<double>(k + 1)};
-          backend.allreduce_sync(comm::Buffer::of(std::span<double>(x)), comm::ReduceOp::kSum, comm::Options{});
+          backend.allreduce_sync(comm::Buffer::of(std::span<double>(x)), comm::ReduceOp::kSum,
+                                 comm::Options{});
           sums.push_back(x[0]);
         });
       }

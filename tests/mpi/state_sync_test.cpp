@@ -321,7 +321,7 @@ TEST(StateSync, ShardedParametersGatherReleaseAndReshard) {
   EXPECT_TRUE(shards.gradients_sharded());
   if (!newcomer) {
     for (std::size_t i = 0; i < total; ++i) p[i] = value(i);  // the whole model, as built
-    shards.arrange(r, n - 1, p);                               // the members trained without the newcomer
+    shards.arrange(r, n - 1, p);                              // the members trained without the newcomer
     expect_held_only(shards, p);
   }
   shards.reshard(backend, p, comm::Options{}, r, n);

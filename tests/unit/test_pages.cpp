@@ -1,4 +1,5 @@
-// Memory that keeps its addresses while it gives pages back (core/pages.hpp): what sharded parameters rely on.
+// Memory that keeps its addresses while it gives pages back (core/pages.hpp): what sharded parameters rely
+// on.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -27,7 +28,7 @@ const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) / size
 
 TEST(Pages, MappedMemoryIsZeroAndTakesNothingUntilWritten) {
   const std::size_t before = resident_bytes();
-  Mapped m(64u << 20);  // 256 MiB of address space
+  Mapped m(64u << 20);                                                         // 256 MiB of address space
   for (std::size_t i = 0; i < m.n; i += kPage * 1024) ASSERT_EQ(m.p[i], 0.f);  // reads: the zero page
   EXPECT_LT(resident_bytes(), before + (32u << 20));
 }

@@ -79,8 +79,8 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
   workload::Workload& work = *s.work;
   const std::span<float> grads = work.grads();
   const std::vector<Slice> ready_order = work.ready_order();
-  algorithm_ = algo::make_algorithm(
-      s.algorithm, {*backend_, work, s.op, s.compute_ms, s.algorithm_event, s.optimizer_step, s.scatter_bucket});
+  algorithm_ = algo::make_algorithm(s.algorithm, {*backend_, work, s.op, s.compute_ms, s.algorithm_event,
+                                                  s.optimizer_step, s.scatter_bucket});
   const auto bucket_bytes = static_cast<std::size_t>(s.bucket_mb * (1 << 20));
   if (gpu_) {
     // On the GPU the algorithm object stays the run's (its name, its step through the workload's

@@ -394,11 +394,10 @@ void validate_shard(const Config& c) {
         name_of(algo::kAlgorithmNames, c.algorithm));
   }
   if (c.shard != ShardStage::kOptimizer && c.algorithm == algo::Kind::kByteGrad) {
-    SINEW_THROW(
-        InvalidArgument,
-        "--shard {}: not with --algorithm bytegrad yet (its compressed reduction is an allreduce, "
-        "not a reduce-scatter to the shards' holders); use --shard optimizer with bytegrad",
-        stage);
+    SINEW_THROW(InvalidArgument,
+                "--shard {}: not with --algorithm bytegrad yet (its compressed reduction is an allreduce, "
+                "not a reduce-scatter to the shards' holders); use --shard optimizer with bytegrad",
+                stage);
   }
   if (c.device == "cuda")
     SINEW_THROW(InvalidArgument, "--shard {}: not on a GPU yet (--device cuda); use --shard none", stage);
