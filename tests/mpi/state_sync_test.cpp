@@ -261,19 +261,6 @@ TEST(StateSync, ShardedNewcomerReceivesItsShards) {
 }
 
 namespace {
-/// A flat parameter buffer in core/pages.hpp's memory, as a PyTorch workload's with --shard parameters.
-struct MappedParams {
-  explicit MappedParams(std::size_t count) : n(count), p(map_pages(count)) {}
-  ~MappedParams() { free_pages(p, n); }
-  MappedParams(const MappedParams&) = delete;
-  MappedParams& operator=(const MappedParams&) = delete;
-  MappedParams(MappedParams&&) = delete;
-  MappedParams& operator=(MappedParams&&) = delete;
-  [[nodiscard]] std::span<float> span() const { return {p, n}; }
-  std::size_t n;
-  float* p;
-};
-
 float value(std::size_t i) { return 1.f + static_cast<float>(i % 9973); }
 
 /// Every element this member holds is `value`; every page without a held element inside `released` (the
@@ -313,7 +300,7 @@ TEST(StateSync, ShardedParametersGatherReleaseAndReshard) {
   optim::OptimizerOptions o;
   o.name = "adam";
   const std::size_t total = 1'000'003;
-  MappedParams params(total);
+  MappedFloats params(total);
   const auto p = params.span();
   const bool newcomer = r == n - 1;
   train::ShardedOptimizer shards(o, total, 2);

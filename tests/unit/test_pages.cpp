@@ -12,50 +12,42 @@
 using namespace sinew;
 
 namespace {
-struct Mapped {
-  explicit Mapped(std::size_t count) : n(count), p(map_pages(count)) {}
-  ~Mapped() { free_pages(p, n); }
-  Mapped(const Mapped&) = delete;
-  Mapped& operator=(const Mapped&) = delete;
-  Mapped(Mapped&&) = delete;
-  Mapped& operator=(Mapped&&) = delete;
-  std::span<float> span() const { return {p, n}; }
-  std::size_t n;
-  float* p;
-};
 const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float);
 }  // namespace
 
 TEST(Pages, MappedMemoryIsZeroAndTakesNothingUntilWritten) {
   const std::size_t before = resident_bytes();
-  Mapped m(64u << 20);                                                         // 256 MiB of address space
-  for (std::size_t i = 0; i < m.n; i += kPage * 1024) ASSERT_EQ(m.p[i], 0.f);  // reads: the zero page
+  const MappedFloats m(64u << 20);  // 256 MiB of address space
+  const auto p = m.span();
+  for (std::size_t i = 0; i < p.size(); i += kPage * 1024) ASSERT_EQ(p[i], 0.f);  // reads: the zero page
   EXPECT_LT(resident_bytes(), before + (32u << 20));
 }
 
 TEST(Pages, ReleaseGivesWholePagesBackAndKeepsTheEdges) {
-  Mapped m(64 * kPage);
-  for (std::size_t i = 0; i < m.n; ++i) m.p[i] = 1.f + static_cast<float>(i);
+  const MappedFloats m(64 * kPage);
+  const auto p = m.span();
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = 1.f + static_cast<float>(i);
   const std::size_t resident = resident_bytes();
   // From the middle of page 3 to the middle of page 60: pages 4..59 go, the halves of 3 and 60 stay.
   const std::size_t from = 3 * kPage + kPage / 2, to = 60 * kPage + kPage / 2;
-  release_pages(m.span().subspan(from, to - from));
+  release_pages(p.subspan(from, to - from));
   EXPECT_LT(resident_bytes(), resident);
-  for (std::size_t i = 0; i < m.n; ++i) {
+  for (std::size_t i = 0; i < p.size(); ++i) {
     const bool gone = i >= 4 * kPage && i < 60 * kPage;
-    ASSERT_EQ(m.p[i], gone ? 0.f : 1.f + static_cast<float>(i)) << i;
+    ASSERT_EQ(p[i], gone ? 0.f : 1.f + static_cast<float>(i)) << i;
   }
   // The released pages take writes again, at the same addresses.
-  m.p[10 * kPage] = 5.f;
-  EXPECT_EQ(m.p[10 * kPage], 5.f);
+  p[10 * kPage] = 5.f;
+  EXPECT_EQ(p[10 * kPage], 5.f);
 }
 
 TEST(Pages, ZeroPagesZeroesTheEdgesToo) {
-  Mapped m(16 * kPage);
-  for (std::size_t i = 0; i < m.n; ++i) m.p[i] = 2.f;
+  const MappedFloats m(16 * kPage);
+  const auto p = m.span();
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = 2.f;
   const std::size_t from = kPage / 3, to = 15 * kPage + 7;
-  zero_pages(m.span().subspan(from, to - from));
-  for (std::size_t i = 0; i < m.n; ++i) ASSERT_EQ(m.p[i], i >= from && i < to ? 0.f : 2.f) << i;
-  zero_pages(m.span().subspan(5, 3));  // smaller than a page: written
-  for (std::size_t i = 5; i < 8; ++i) EXPECT_EQ(m.p[i], 0.f);
+  zero_pages(p.subspan(from, to - from));
+  for (std::size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], i >= from && i < to ? 0.f : 2.f) << i;
+  zero_pages(p.subspan(5, 3));  // smaller than a page: written
+  for (std::size_t i = 5; i < 8; ++i) EXPECT_EQ(p[i], 0.f);
 }

@@ -15,6 +15,22 @@ namespace sinew {
 [[nodiscard]] float* map_pages(std::size_t n);
 void free_pages(float* p, std::size_t n) noexcept;
 
+/// map_pages() memory of `n` floats, freed with its owner.
+class MappedFloats {
+ public:
+  explicit MappedFloats(std::size_t n) : n_(n), p_(map_pages(n)) {}
+  ~MappedFloats() { free_pages(p_, n_); }
+  MappedFloats(const MappedFloats&) = delete;
+  MappedFloats& operator=(const MappedFloats&) = delete;
+  MappedFloats(MappedFloats&&) = delete;
+  MappedFloats& operator=(MappedFloats&&) = delete;
+  [[nodiscard]] std::span<float> span() const noexcept { return {p_, n_}; }
+
+ private:
+  std::size_t n_;
+  float* p_;
+};
+
 /// Gives the whole pages inside `buf` back to the system (madvise MADV_DONTNEED): they read as zero
 /// afterwards. The partial pages at either end keep their memory and values (a neighbour's elements may
 /// lie there). `buf` must lie in map_pages() memory (or any private anonymous mapping).
