@@ -18,7 +18,7 @@ iteration that a recovery voided gathers nothing: its results are dropped.
 """
 import torch
 
-from . import CommFailure, UsageError
+from . import CommFailure, Error, UsageError
 
 
 def _default_units(module):
@@ -148,6 +148,11 @@ class Units:
                                  "it as often as the others (evaluate on every rank, on as many batches; not on "
                                  f"rank 0 alone) ({e})") from None
             raise  # a rank lost in an evaluation: the run ends for a relaunch from its newest checkpoint
+        except Error as e:  # (not a failure: the ranks' collectives differ, as MPI_ERR_TRUNCATE says)
+            raise UsageError("the ranks gathered different parts of the model: with shard='parameters' the model's "
+                             "forward is a collective, so every rank must run it as often as the others, in the same "
+                             "order (evaluate on every rank, on as many batches; not on rank 0 alone) "
+                             f"({e})") from None
         self.resident.add(i)
 
     def _failure(self, e, in_backward):
