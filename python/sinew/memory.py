@@ -60,13 +60,10 @@ def state_tensors(opt):
     """How many tensors of the parameters' size `opt` keeps per parameter (AdamW 2, SGD with momentum 1)."""
     if opt is None:
         return 0
-    from .optim import _twin_settings
+    from .optim import twin_state
     try:
-        probe = torch.nn.Parameter(torch.zeros(2))
-        probe.grad = torch.zeros_like(probe)
-        twin = type(opt)([probe], **_twin_settings(opt))
-        twin.step()
-        return sum(1 for v in twin.state[probe].values() if torch.is_tensor(v) and v.shape == probe.shape)
+        probe, made = twin_state(opt)
+        return sum(1 for v in made.values() if torch.is_tensor(v) and v.shape == probe.shape)
     except Exception:  # noqa: BLE001 (an optimizer whose twin cannot be made: count as AdamW's)
         return 2
 

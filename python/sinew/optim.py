@@ -173,13 +173,9 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
     if any(opt.state.get(p) for _, p in named_params):
         raise UsageError(f"--shard optimizer: {kind} already has state (a loaded state_dict?); Sinew's checkpoints "
                          "hold a sharded job's optimizer state: resume from one instead")
-    probe = torch.nn.Parameter(torch.zeros(2, dtype=work.flat_params.dtype))
-    probe.grad = torch.zeros_like(probe)
-    # The state a first step makes, learned on a two-element twin.
-    twin = type(opt)([probe], **_twin_settings(opt))
-    twin.step()
+    probe, made = twin_state(opt, work.flat_params.dtype)  # the state a first step makes
     shaped, other = {}, {}
-    for k, v in twin.state[probe].items():
+    for k, v in made.items():
         if torch.is_tensor(v) and v.shape == probe.shape:
             shaped[k] = v.reshape(-1)[0].item()
         else:
@@ -251,6 +247,16 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
     work.use_sharded_optimizer(kind, make)
 
 
+def twin_state(opt, dtype=torch.float32, device=None):
+    """The per-parameter state one step of `opt`'s kind makes, learned on a two-element twin with its settings:
+    (the twin's probe parameter, {key: value}). Raises whatever the twin's construction or step raises."""
+    probe = torch.nn.Parameter(torch.zeros(2, dtype=dtype, device=device))
+    probe.grad = torch.zeros_like(probe)
+    twin = type(opt)([probe], **_twin_settings(opt))
+    twin.step()
+    return probe, twin.state[probe]
+
+
 def _twin_settings(opt):
     """The settings of a twin of `opt` that makes its first step's state without moving anything: its defaults
     at learning rate and weight decay 0, those its constructor takes only (a class's defaults can hold more:
@@ -273,11 +279,7 @@ def _flat_state(opt, flat, named_params, offset):
     if any(opt.state.get(p) for _, p in named_params):
         return {}  # state exists already (Adagrad makes it in __init__, or a loaded state_dict): moved as it is
     try:
-        probe = torch.nn.Parameter(torch.zeros(2, dtype=flat.dtype, device=flat.device))
-        probe.grad = torch.zeros_like(probe)
-        twin = type(opt)([probe], **_twin_settings(opt))
-        twin.step()
-        made = twin.state[probe]
+        probe, made = twin_state(opt, flat.dtype, flat.device)
     except Exception:  # noqa: BLE001 (any optimizer: the general way below then)
         return {}
     shaped, other = {}, {}

@@ -105,11 +105,7 @@ void GradientBucketer::mark_ready(Slice r, CUevent_st* ready) {
   // The backlog: complete buckets from the next one to reduce on (only those the thread can take now; a later
   // complete bucket behind an incomplete one waits for backward, which must not wait for it).
   std::unique_lock lock(mu_);
-  const auto backlog = [&] {
-    std::size_t b = reduced_;
-    while (b < num_buckets() && layout_.complete(b)) ++b;
-    return b - reduced_;
-  };
+  const auto backlog = [&] { return first_incomplete() - reduced_; };
   if (!cv_.wait_for(lock, opts_.op.timeout,
                     [&] { return stop_ || error_ != nullptr || backlog() <= opts_.max_backlog; })) {
     lock.unlock();
@@ -138,6 +134,12 @@ void GradientBucketer::reduce(std::size_t b, bool blocking) {
   if (++reduced_ == num_buckets()) reduced_all_.store(true, std::memory_order_release);
 }
 
+std::size_t GradientBucketer::first_incomplete() const {
+  std::size_t b = reduced_;  // (buckets before it were reduced, so complete)
+  while (b < num_buckets() && layout_.complete(b)) ++b;
+  return b;
+}
+
 void GradientBucketer::run_in_order(const std::function<void()>& fn) {
   if (!opts_.overlap) {
     fn();
@@ -147,9 +149,7 @@ void GradientBucketer::run_in_order(const std::function<void()>& fn) {
   task->fn = fn;
   {
     std::lock_guard lock(mu_);
-    std::size_t b = 0;
-    while (b < num_buckets() && layout_.complete(b)) ++b;
-    task->before = b;
+    task->before = first_incomplete();
     tasks_.push_back(task);
   }
   cv_.notify_all();

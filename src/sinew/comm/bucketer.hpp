@@ -162,6 +162,8 @@ class GradientBucketer final : public Bucketer {
  private:
   void run();                                 // communication thread
   void reduce(std::size_t b, bool blocking);  // one bucket, on the calling thread
+  /// The first bucket that is not complete (num_buckets() when all are). Under mu_.
+  [[nodiscard]] std::size_t first_incomplete() const;
 
   Backend& backend_;
   std::span<float> grads_;
