@@ -109,13 +109,15 @@ ALGORITHMS = {
 }
 # Drawn only when --algorithms names them (so that the default draw, and the plans of every earlier seed,
 # stay as they were): the optimiser state sharded with two holders per shard (--shard optimizer; with
-# sharded gradients too, --shard gradients). A trial
+# sharded gradients too, --shard gradients, exact or with bytegrad). A trial
 # that kills both holders of a shard ends in the relaunch from the newest checkpoint, a fallback.
 SHARDED = {
     "sharded": ["--shard", "optimizer", "--shard-replicas", "2", "--optimizer", "adam", "--lr", "0.002"],
     "sharded-bytegrad": ["--algorithm", "bytegrad", "--error-feedback", "true", "--shard", "optimizer",
                          "--optimizer", "adam", "--lr", "0.002"],
     "sharded-gradients": ["--shard", "gradients", "--shard-replicas", "2", "--optimizer", "adam", "--lr", "0.002"],
+    "sharded-gradients-bytegrad": ["--algorithm", "bytegrad", "--shard", "gradients", "--shard-replicas", "2",
+                                   "--optimizer", "adam", "--lr", "0.002"],
 }
 ALGORITHMS_ALL = {**ALGORITHMS, **SHARDED}
 

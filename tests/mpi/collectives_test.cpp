@@ -1,7 +1,7 @@
-// The ring backend (comm/ring/) and ByteGrad's compressed allreduce (algo/, at 8, 4 and 2 bits): against
-// MPI_Allreduce and the exact sum, bitwise agreement across ranks, the documented error bound,
-// error-feedback accounting, wire bytes, delegation of what the ring does not do, deadlines when a rank is
-// missing, and abort().
+// The ring backend (comm/ring/) and ByteGrad's compressed allreduce and reduce-scatter (algo/, at 8, 4 and
+// 2 bits): against MPI_Allreduce and the exact sum, bitwise agreement across ranks (across a block's
+// holders), the documented error bound, error-feedback accounting, wire bytes, delegation of what the ring
+// does not do, deadlines when a rank is missing, and abort().
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -289,6 +289,133 @@ TEST(CompressedAllreduce, RejectsBadArguments) {
   }
   EXPECT_THROW(algo::compressed_allreduce(b, v, 3, {}, {}, nullptr, 4), InvalidArgument);
   EXPECT_THROW(algo::compressed_allreduce(b, v, 6, {}, {}, nullptr, 2), InvalidArgument);
+  EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 1.f; }))
+      << "rejected calls change nothing";
+}
+
+namespace {
+
+/// Uneven blocks over n ranks, one of them empty where n > 2 (a bucket that misses a shard): block k has
+/// `base` * (k + 1) elements, block 1 none.
+std::vector<std::size_t> uneven_blocks(int n, std::size_t base) {
+  std::vector<std::size_t> c(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) c[static_cast<std::size_t>(k)] = (n > 2 && k == 1) ? 0 : base * (k + 1);
+  return c;
+}
+
+/// Sharded gradients' receivers with two holders per shard: shard k also goes to rank k + 1 (mod n).
+bool next_holds(int k, int q, int n) { return n > 1 && q == (k + 1) % n; }
+
+}  // namespace
+
+TEST_P(CompressedAllreduceBits, ReduceScatterOverEvenBlocksToEveryRankIsTheAllreduce) {
+  // The allreduce is the reduce-scatter whose blocks are the ring's and whose every block goes to
+  // every rank: the two must agree bit for bit, residuals included.
+  auto b = make();
+  const int n = b.size(), bits = GetParam();
+  const std::size_t count = 4099, chunk = 64;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) counts[static_cast<std::size_t>(k)] = comm::ring::block_of(count, n, k).count;
+  auto a = inputs(11, b.rank(), count), s = a;
+  std::vector<float> res_a(count, 0.f), res_s(count, 0.f);
+  for (int step = 0; step < 3; ++step) {
+    algo::compressed_allreduce(b, a, chunk, res_a, {}, nullptr, bits);
+    algo::compressed_reduce_scatter(
+        b, s, counts, [](int, int) { return true; }, chunk, res_s, {}, nullptr, bits);
+    ASSERT_EQ(std::memcmp(a.data(), s.data(), count * sizeof(float)), 0) << "step " << step;
+    ASSERT_EQ(std::memcmp(res_a.data(), res_s.data(), count * sizeof(float)), 0) << "step " << step;
+  }
+}
+
+TEST_P(CompressedAllreduceBits, ReduceScatterGivesEachBlockToItsHoldersOnly) {
+  auto b = make();
+  const int n = b.size(), r = b.rank(), bits = GetParam();
+  const std::size_t chunk = 64;
+  const auto counts = uneven_blocks(n, 1000 + 3);  // odd lengths: each block a complete encoding
+  const std::size_t count = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  const auto gets = [n](int k, int q) { return next_holds(k, q, n); };
+  const auto in = inputs(21, r, count);
+  auto v = in;
+  algo::CommStats stats;
+  algo::compressed_reduce_scatter(b, v, counts, gets, chunk, {}, {}, &stats, bits);
+  const auto exact = exact_sum(21, n, count);
+  const auto steps2 = static_cast<float>(2 * ((1 << bits) - 2));
+  const float bound = (2.f * static_cast<float>(n - 1) + 2.f * static_cast<float>(n)) / steps2 * 1.01f +
+                      1e-5f * static_cast<float>(n);
+  std::uint64_t expect_bytes = 0;
+  std::size_t at = 0;
+  for (int k = 0; k < n; ++k) {
+    const std::size_t c = counts[static_cast<std::size_t>(k)];
+    SCOPED_TRACE(testing::Message() << "block " << k << " of " << c << " at rank " << r);
+    // The owner's reduced block, as every holder must have it.
+    std::vector<float> owner(v.begin() + static_cast<std::ptrdiff_t>(at),
+                             v.begin() + static_cast<std::ptrdiff_t>(at + c));
+    b.broadcast_sync(comm::Buffer::of(std::span<float>(owner)), k);
+    if (k == r || gets(k, r)) {
+      for (std::size_t i = 0; i < c; ++i) ASSERT_LE(std::abs(v[at + i] - exact[at + i]), bound) << i;
+      EXPECT_TRUE(c == 0 || std::memcmp(owner.data(), v.data() + at, c * sizeof(float)) == 0)
+          << "a holder's block differs from its owner's";
+      if (c >= 1000 && n > 1) {
+        double worst = 0;
+        for (std::size_t i = 0; i < c; ++i) worst = std::max(worst, std::abs(v[at + i] - exact[at + i]));
+        EXPECT_GT(worst, 1e-4) << "nothing was quantised";
+      }
+    } else {
+      EXPECT_TRUE(c == 0 || std::memcmp(in.data() + at, v.data() + at, c * sizeof(float)) == 0)
+          << "a block this rank does not hold changed";
+    }
+    if (k != r) expect_bytes += algo::encoded_bytes(c, chunk, bits);  // its contribution to block k
+    at += c;
+  }
+  // Its own reduced block once to its one other holder.
+  if (n > 1) expect_bytes += algo::encoded_bytes(counts[static_cast<std::size_t>(r)], chunk, bits);
+  std::uint64_t nonempty_out = 0;
+  for (int k = 0; k < n; ++k) nonempty_out += (k != r && counts[static_cast<std::size_t>(k)] > 0) ? 1 : 0;
+  EXPECT_EQ(stats.bytes_sent, expect_bytes);
+  EXPECT_EQ(stats.messages_sent, nonempty_out + (n > 1 && counts[static_cast<std::size_t>(r)] > 0 ? 1 : 0));
+}
+
+TEST_P(CompressedAllreduceBits, ReduceScatterErrorFeedbackLosesNothingOverSteps) {
+  // Per block, over steps: the owner's reduced values plus every rank's residual of that block equal the
+  // inputs' sum, up to float rounding.
+  auto b = make();
+  const int n = b.size(), r = b.rank(), bits = GetParam();
+  constexpr int kSteps = 20;
+  const auto counts = uneven_blocks(n, 997);
+  const std::size_t count = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  std::vector<float> residual(count, 0.f);
+  std::vector<double> owned_outputs(count, 0.0), inputs_sum(count, 0.0);
+  std::size_t own_at = 0;
+  for (int k = 0; k < r; ++k) own_at += counts[static_cast<std::size_t>(k)];
+  const std::size_t own_count = counts[static_cast<std::size_t>(r)];
+  for (int step = 0; step < kSteps; ++step) {
+    const std::uint64_t seed = 300 + static_cast<std::uint64_t>(step);
+    auto v = inputs(seed, r, count);
+    algo::compressed_reduce_scatter(
+        b, v, counts, [n](int k, int q) { return next_holds(k, q, n); }, 128, residual, {}, nullptr, bits);
+    const auto exact = exact_sum(seed, n, count);
+    for (std::size_t i = 0; i < count; ++i) inputs_sum[i] += exact[i];
+    for (std::size_t i = own_at; i < own_at + own_count; ++i) owned_outputs[i] += v[i];
+  }
+  // Every block's owner contributes its outputs; every rank its residuals.
+  std::vector<double> total(count, 0.0);
+  for (std::size_t i = 0; i < count; ++i) total[i] = owned_outputs[i] + residual[i];
+  b.allreduce_sync(comm::Buffer::of(std::span<double>(total)), comm::ReduceOp::kSum);
+  const double tol = 1e-6 * kSteps * n;
+  for (std::size_t i = 0; i < count; ++i) ASSERT_NEAR(total[i], inputs_sum[i], tol) << i;
+}
+
+TEST(CompressedAllreduce, ReduceScatterRejectsBlocksThatDoNotFit) {
+  auto b = make();
+  const int n = b.size();
+  std::vector<float> v(100, 1.f);
+  const auto all = [](int, int) { return true; };
+  std::vector<std::size_t> too_few(static_cast<std::size_t>(n) + 1, 0);
+  too_few[0] = 100;
+  EXPECT_THROW(algo::compressed_reduce_scatter(b, v, too_few, all, 16, {}, {}), InvalidArgument);
+  std::vector<std::size_t> short_cover(static_cast<std::size_t>(n), 0);
+  short_cover[0] = 99;
+  EXPECT_THROW(algo::compressed_reduce_scatter(b, v, short_cover, all, 16, {}, {}), InvalidArgument);
   EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 1.f; }))
       << "rejected calls change nothing";
 }

@@ -456,6 +456,21 @@ PY
         || fail "R=$r: not sharded"
       compare_loop "$d/whole.pt" "$d/p$r.pt" 0 || fail "R=$r differs from the whole state"
     done
+    # ByteGrad with sharded parameters: the same quantised reduce-scatter of the same buckets as with sharded
+    # gradients, so bit for bit the ZeRO-2 run with bytegrad (and not the exact run's bits); a kill -9 of rank 0
+    # in backward recovers in place to the same bits.
+    bg=(--algorithm bytegrad)
+    loop 4 180 "${zopts[@]}" --out "$d/bg-g.pt" -- "${lcommon[@]}" --shard gradients "${bg[@]}" \
+      || fail "bytegrad, gradients: exit $?"
+    loop 4 180 "${zopts[@]}" --out "$d/bg-p.pt" -- "${lcommon[@]}" --shard parameters "${bg[@]}" \
+      || fail "bytegrad, parameters: exit $?"
+    compare_loop "$d/bg-g.pt" "$d/bg-p.pt" 0 || fail "bytegrad: sharded parameters differ from sharded gradients"
+    ! compare_loop "$d/whole.pt" "$d/bg-p.pt" 0 >/dev/null || fail "bytegrad: the exact reduction's bits"
+    loop 4 180 "${zopts[@]}" --workers 2 --out "$d/bg-k.pt" -- "${lcommon[@]}" --shard parameters "${bg[@]}" \
+      --inject-fault 0:backward:12 || fail "bytegrad, killed: exit $?"
+    grep -q "recovered in place" "$d/out.txt" || fail "bytegrad, killed: not recovered in place"
+    compare_loop "$d/bg-p.pt" "$d/bg-k.pt" 0 || fail "bytegrad, killed: differs from the failure-free run"
+    echo "bytegrad with sharded parameters: bit for bit sharded gradients' run, and after a kill -9"
     # kill -9 at R = 2, in place, audit exact, the failure-free parameters: rank 0 in backward (the units'
     # gathers inside backward fail); rank 2 in its update (the next forward's gathers fail); ranks 0 and 1 at
     # once (they hold different shards); rank 1, then rank 2 (a replica holder) during the recovery.

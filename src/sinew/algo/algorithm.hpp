@@ -137,7 +137,8 @@ struct Context {
   std::function<void(float lr)> optimizer_step;
   /// Replaces the allreduce of one gradient bucket (span, offset) over the backend, where the gradients
   /// are sharded (train/shards.hpp's ZeRO-2 reduce-scatter to the shards' holders); empty: the allreduce.
-  std::function<void(comm::Backend&, std::span<float>, std::size_t)> scatter_bucket;
+  /// The last argument: null for the exact reduction, ByteGrad's quantisation otherwise.
+  std::function<void(comm::Backend&, std::span<float>, std::size_t, const Quantization*)> scatter_bucket;
 };
 
 class Algorithm {

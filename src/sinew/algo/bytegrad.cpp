@@ -37,6 +37,13 @@ class ByteGrad final : public Algorithm {
   void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
     std::span<float> res;
     if (!residual_.empty()) res = std::span<float>(residual_).subspan(offset, bucket.size());
+    if (ctx_.scatter_bucket) {
+      // Sharded gradients: the same quantised exchange, each shard's part reduced by its owner and sent
+      // to its holders only (counted by the shards).
+      const Quantization q{chunk_, bits_, res};
+      ctx_.scatter_bucket(ctx_.backend, bucket, offset, &q);
+      return;
+    }
     compressed_allreduce(ctx_.backend, bucket, chunk_, res, ctx_.op, &stats_, bits_);
   }
   std::vector<std::pair<std::string, std::span<float>>> rank_state() override {

@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "sinew/comm/backend.hpp"
@@ -46,6 +47,15 @@ namespace sinew::algo {
 
 /// What a call put on the wire from this rank; the functions add to it.
 using CommStats = comm::CommStats;
+
+/// ByteGrad's settings for one bucket's reduction where the gradients are sharded (train/shards.hpp's
+/// scatter_bucket): elements per quantisation chunk, bits per element, and the error feedback's residual of
+/// that bucket (empty: none).
+struct Quantization {
+  std::size_t chunk = 2048;
+  int bits = 8;
+  std::span<float> residual;
+};
 
 /// In-place approximate sum over all ranks, with `bits`-bit quantisation (8, 4 or 2) in chunks of `chunk`
 /// elements. `residual`: empty (no error feedback) or data.size() floats carried from call to call.
@@ -56,5 +66,20 @@ using CommStats = comm::CommStats;
 void compressed_allreduce(comm::Backend& backend, std::span<float> data, std::size_t chunk,
                           std::span<float> residual, const comm::Options& opts, CommStats* stats = nullptr,
                           int bits = 8);
+
+/// ByteGrad's reduction for sharded gradients (train/shards.hpp, --shard gradients and parameters): the
+/// same exchange as compressed_allreduce, but block k is `counts[k]` elements (the blocks contiguous, in
+/// rank order, covering data: the shards' parts of a bucket) and its reduced encoding goes only to the
+/// ranks q != k for which gets(k, q) is true (the shard's other holders), not to every rank. On return,
+/// rank r's block r, and every block k with gets(k, r), hold the reduced values, bitwise equal on every
+/// rank that holds them; the other blocks hold this rank's own contribution (plus its residual, with error
+/// feedback). Error bound and feedback as compressed_allreduce's; each rank sends about (n-1)/n of the
+/// buffer plus its block to each of its receivers, at `bits` bits per element. gets must be the same
+/// function on every rank. Throws InvalidArgument also for counts of another length than the ranks or
+/// blocks that do not cover data.
+void compressed_reduce_scatter(comm::Backend& backend, std::span<float> data,
+                               std::span<const std::size_t> counts, const std::function<bool(int, int)>& gets,
+                               std::size_t chunk, std::span<float> residual, const comm::Options& opts,
+                               CommStats* stats = nullptr, int bits = 8);
 
 }  // namespace sinew::algo

@@ -34,7 +34,7 @@ class GradientAllreduce final : public Algorithm {
   }
   void reduce_bucket(std::span<float> bucket, std::size_t offset) override {
     if (ctx_.scatter_bucket) {
-      ctx_.scatter_bucket(ctx_.backend, bucket, offset);  // sharded gradients: counted by the shards
+      ctx_.scatter_bucket(ctx_.backend, bucket, offset, nullptr);  // sharded gradients: counted by the shards
     } else {
       ring_sum(ring_, bucket, ctx_.op);
     }

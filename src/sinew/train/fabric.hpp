@@ -64,7 +64,8 @@ struct FabricSetup {
   std::function<void(const nlohmann::json&)> algorithm_event;  ///< the algorithm's own events
   std::function<void(float lr)> optimizer_step;  ///< a sharded optimiser's step (algo::Context's)
   /// --shard gradients: a bucket's reduce-scatter to its shards' holders (algo::Context's)
-  std::function<void(comm::Backend&, std::span<float>, std::size_t)> scatter_bucket;
+  std::function<void(comm::Backend&, std::span<float>, std::size_t, const algo::Quantization*)>
+      scatter_bucket;
   /// The host bucketer's comm::BucketOptions::max_backlog (--shard parameters: the gradients of a bucket are
   /// released once reduced, so backward must not run far ahead of the reductions).
   std::size_t bucket_backlog = 0;

@@ -386,18 +386,10 @@ void validate_shard(const Config& c) {
   if (c.shard == ShardStage::kNone) return;
   const auto stage = name_of(kShardNames, c.shard);
   if (c.algorithm != algo::Kind::kGradientAllreduce && c.algorithm != algo::Kind::kByteGrad) {
-    SINEW_THROW(
-        InvalidArgument,
-        "--shard {} combines with --algorithm gradient_allreduce{} (each rank updates its shards from "
-        "the reduced gradients), not with {}: use --shard none",
-        stage, c.shard == ShardStage::kOptimizer ? " or bytegrad" : "",
-        name_of(algo::kAlgorithmNames, c.algorithm));
-  }
-  if (c.shard != ShardStage::kOptimizer && c.algorithm == algo::Kind::kByteGrad) {
     SINEW_THROW(InvalidArgument,
-                "--shard {}: not with --algorithm bytegrad yet (its compressed reduction is an allreduce, "
-                "not a reduce-scatter to the shards' holders); use --shard optimizer with bytegrad",
-                stage);
+                "--shard {} combines with --algorithm gradient_allreduce or bytegrad (each rank updates its "
+                "shards from the reduced gradients), not with {}: use --shard none",
+                stage, name_of(algo::kAlgorithmNames, c.algorithm));
   }
   if (c.device == "cuda")
     SINEW_THROW(InvalidArgument, "--shard {}: not on a GPU yet (--device cuda); use --shard none", stage);

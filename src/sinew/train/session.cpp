@@ -194,8 +194,9 @@ struct Session::Impl {
       s.optimizer_step = [this](float rate) { shards->step(work.params(), work.grads(), rate); };
     if (cfg.shard == ShardStage::kParameters) s.bucket_backlog = 2;
     if (cfg.shard == ShardStage::kGradients || cfg.shard == ShardStage::kParameters) {
-      s.scatter_bucket = [this](comm::Backend& b, std::span<float> bucket, std::size_t offset) {
-        shards->scatter_bucket(b, bucket, offset, setup.op);
+      s.scatter_bucket = [this](comm::Backend& b, std::span<float> bucket, std::size_t offset,
+                                const algo::Quantization* q) {
+        shards->scatter_bucket(b, bucket, offset, setup.op, q);
       };
     }
     return s;

@@ -219,7 +219,7 @@ bool ShardedOptimizer::holds(std::size_t e) const {
 }
 
 void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> bucket, std::size_t offset,
-                                      const comm::Options& op) {
+                                      const comm::Options& op, const algo::Quantization* quantized) {
   SINEW_ENFORCE(
       arranged() && backend.size() == layout_.world && backend.rank() == rank_,
       "a gradient reduce-scatter over a view of {} as member {}, the shards are laid out over {} as {}",
@@ -235,6 +235,16 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
     const Slice chunk{offset + at, std::min(kScatterChunk, bucket.size() - at)};
     for (int s = 0; s < layout_.world; ++s)
       counts[static_cast<std::size_t>(s)] = intersect(layout_.shard(s), chunk).count;
+    if (quantized != nullptr) {
+      std::span<float> res;
+      if (!quantized->residual.empty()) res = quantized->residual.subspan(at, chunk.count);
+      algo::CommStats stats;
+      algo::compressed_reduce_scatter(
+          backend, local(chunk), counts, [this](int s, int q) { return sinew::train::holds(layout_, q, s); },
+          quantized->chunk, res, op, &stats, quantized->bits);
+      bytes_sent_ += stats.bytes_sent;
+      continue;
+    }
     const Slice mine = intersect(layout_.shard(rank_), chunk);
     scatter_out_.resize(std::max(scatter_out_.size(), mine.count));
     const std::span<float> out(scatter_out_.data(), mine.count);
@@ -244,31 +254,33 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
         ->wait(op.timeout);
     std::copy(out.begin(), out.end(), local(mine).begin());
   }
-  const Slice own = in_bucket(rank_);
-  // The shards' other holders: the owner's reduced part, point to point.
-  comm::Options o = op;
-  o.tag = kTagScatter;
-  std::vector<std::unique_ptr<comm::Work>> works;
-  std::uint64_t sent = 0;
-  if (own.count > 0) {
-    for (const int h : layout_.holders(rank_)) {
-      if (h == rank_) continue;
-      works.push_back(backend.send(comm::Buffer::of(local(own)), h, o));
-      sent += own.count * sizeof(float);
+  if (quantized == nullptr) {
+    // The shards' other holders: the owner's reduced part, point to point.
+    comm::Options o = op;
+    o.tag = kTagScatter;
+    std::vector<std::unique_ptr<comm::Work>> works;
+    std::uint64_t sent = 0;
+    const Slice own = in_bucket(rank_);
+    if (own.count > 0) {
+      for (const int h : layout_.holders(rank_)) {
+        if (h == rank_) continue;
+        works.push_back(backend.send(comm::Buffer::of(local(own)), h, o));
+        sent += own.count * sizeof(float);
+      }
     }
+    for (const auto& h : held_) {
+      const Slice part = intersect(h.range, whole);
+      if (h.shard != rank_ && part.count > 0)
+        works.push_back(backend.recv(comm::Buffer::of(local(part)), h.shard, o));
+    }
+    for (auto& w : works) w->wait(op.timeout);
+    const auto w = static_cast<std::uint64_t>(layout_.world);
+    bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w + sent;
   }
-  for (const auto& h : held_) {
-    const Slice part = intersect(h.range, whole);
-    if (h.shard != rank_ && part.count > 0)
-      works.push_back(backend.recv(comm::Buffer::of(local(part)), h.shard, o));
-  }
-  for (auto& w : works) w->wait(op.timeout);
   if (parameters_sharded_) {
     // ZeRO-3: what this member does not hold goes back to the system (it reads as zero).
     release(std::span<float>(bucket.data() - offset, offset + bucket.size()),
             std::span<const Slice>(&whole, 1));
-    const auto w = static_cast<std::uint64_t>(layout_.world);
-    bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w + sent;
     return;
   }
   // What this member does not hold is a partial sum: NaN, so that a read of it cannot pass unseen.
@@ -276,8 +288,6 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
     const Slice part = in_bucket(s);
     if (part.count > 0 && !holds(part.offset)) std::fill_n(local(part).begin(), part.count, kNotHeld);
   }
-  const auto w = static_cast<std::uint64_t>(layout_.world);
-  bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w + sent;
 }
 
 void ShardedOptimizer::discard() {

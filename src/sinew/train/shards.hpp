@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "sinew/algo/collectives.hpp"
 #include "sinew/comm/backend.hpp"
 #include "sinew/core/flat.hpp"
 #include "sinew/optim/optimizer.hpp"
@@ -123,9 +124,12 @@ class ShardedOptimizer {
   /// owner sends its reduced part to the shard's other holders, so that every member ends with the summed
   /// gradients of the shards it holds (all it steps) and with NaN in the rest of the bucket: a read of a
   /// gradient this member does not hold shows, instead of passing a partial sum for the reduced one.
-  /// Runs on the bucketer's communication thread; waits bounded by op.timeout.
+  /// Runs on the bucketer's communication thread; waits bounded by op.timeout. With `quantized` (ByteGrad),
+  /// the reduce-scatter and the owners' parts to the other holders are its quantised exchange
+  /// (algo::compressed_reduce_scatter): every holder of a shard decodes the same bytes, so its replicas
+  /// stay bitwise equal.
   void scatter_bucket(comm::Backend& backend, std::span<float> bucket, std::size_t offset,
-                      const comm::Options& op);
+                      const comm::Options& op, const algo::Quantization* quantized = nullptr);
   /// Whether element `e` of the flat buffer is in a shard this member holds.
   [[nodiscard]] bool holds(std::size_t e) const;
 
