@@ -3,7 +3,8 @@ transformer layer: a wrap policy over submodules, as FSDP's) is gathered whole o
 
     forward     unit k:  gather (before its forward) -> forward -> release
     backward    unit k:  gather (when the gradient of its output arrives) -> backward; released when the unit
-                         before it is gathered (its backward is over) or when backward ends
+                         before it is gathered (its backward is over) or when backward ends. A unit that is an
+                         nn.Embedding is not gathered for backward: its gradient does not read its weight
     the root    the parameters in no unit (embeddings, the last norm, the head): gathered at the model's
                 forward, released when backward ends (or after the forward, without gradients)
 
@@ -107,6 +108,10 @@ class Units:
         # Parameters in no unit, or shared by two (tied weights): the root's, whole for the whole step.
         self.root = _runs(span(p) for _, p in model._named_params if len(owner.get(id(p), ())) != 1)
         self.modules = units
+        # Units whose backward reads none of their parameters: an nn.Embedding's gradient is its output's
+        # gradient summed by index, the weight plays no part. They are not gathered again for backward (a
+        # language model's largest unit, vocabulary x width: its memory and its all-gather saved each step).
+        self.weightless_backward = [_weightless_backward(u) for u in units]
         self.resident = set()  # unit indices gathered now; -1 the root
         self.failed = None     # a CommFailure seen inside backward (raised to the loop when backward ends)
         self.handles = []
@@ -200,7 +205,8 @@ class Units:
                         # Backward runs the units in reverse: those after this one are done.
                         for j in [j for j in self.resident if j > i]:
                             self._release(j)
-                        self._gather(i, in_backward=True)
+                        if not self.weightless_backward[i]:
+                            self._gather(i, in_backward=True)
                     return grad
 
                 for t in _tensors(output):
@@ -208,6 +214,13 @@ class Units:
                         t.register_hook(pre_backward)
             self._release(i)
         return hook
+
+
+def _weightless_backward(module):
+    """Whether the module's backward reads none of its parameters: an nn.Embedding as torch defines it (dense
+    gradients; a subclass with a forward of its own may read its weight otherwise)."""
+    return (isinstance(module, torch.nn.Embedding) and type(module).forward is torch.nn.Embedding.forward
+            and not module.sparse)
 
 
 def _tensors(output):

@@ -23,8 +23,24 @@ TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer",
          "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng", "state-dict")
 
 
+class Tokens(nn.Module):
+    """An image as tokens, one per pixel: its position and its value in 16 levels (a language model's input)."""
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return torch.arange(x.shape[1]) * 16 + (x.clamp(-2, 2) * 4 + 8).long().clamp(0, 15)
+
+
+class MeanTokens(nn.Module):
+    def forward(self, h):
+        return h.mean(1)
+
+
 def build(name, channels, height, width, classes):
     torch.manual_seed(1234)
+    if name == "embed":  # an nn.Embedding unit of 0.4 M parameters (its backward reads no weight), two Linear units
+        return nn.Sequential(Tokens(), nn.Embedding(channels * height * width * 16, 32), MeanTokens(),
+                             nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, classes))
     if name == "big":  # 25.3 M parameters: 101 MB, AdamW's whole training state 405 MB
         return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 2048), nn.ReLU(),
                              *[m for _ in range(6) for m in (nn.Linear(2048, 2048), nn.ReLU())], nn.Linear(2048, classes))
@@ -149,6 +165,16 @@ def main():
         import copy
         plain = copy.deepcopy(net)
     model = job.wrap(net)
+    backward_gathers = set()
+    if args.model == "embed" and getattr(model, "_units", None) is not None:
+        units, gather = model._units, model._units._gather
+
+        def counting_gather(i, in_backward=False):  # which units are gathered again for their backward
+            if in_backward and units.active() and not job._loop.void:
+                backward_gathers.add(type(units.modules[i]).__name__)
+            return gather(i, in_backward)
+
+        units._gather = counting_gather
     opt = None
     if args.trap != "no-optimizer":
         if args.optimizer == "adamw":
@@ -243,6 +269,9 @@ def main():
               f"{int(net[1].num_batches_tracked)}; equal on every rank: {same}", flush=True)
         if not same:
             return 1
+    if args.model == "embed" and job.rank == 0:
+        print(f"[own_loop] units gathered again for backward: {', '.join(sorted(backward_gathers)) or 'none'}",
+              flush=True)
     if cgroup is not None:
         peak = job.all_reduce(cgroup.peak(), op="max")
         if job.rank == 0:

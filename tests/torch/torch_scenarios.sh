@@ -28,6 +28,8 @@
 #                      rank 0, of a rank in its update, of two ranks, of a replica holder during the recovery:
 #                      in place, audit exact, the failure-free parameters; clipping; a checkpoint of sharded
 #                      parameters read by h5py and resumed at 3 ranks (ZeRO-1) and 2 (unsharded)
+#   loop-zero3-more    --shard parameters: an nn.Embedding unit not gathered for backward, bit for bit the whole
+#                      state; with bytegrad bit for bit --shard gradients with bytegrad, also after a kill -9
 #   loop-memlimit      a model over the per-rank memory limit (a cgroup per rank): unsharded it fails at start
 #                      naming the stage it needs; shard="parameters" trains within it and survives a kill -9
 #   loop-kill          kill -9 of a rank in forward, backward and the optimizer's step (2 DataLoader workers),
@@ -456,21 +458,6 @@ PY
         || fail "R=$r: not sharded"
       compare_loop "$d/whole.pt" "$d/p$r.pt" 0 || fail "R=$r differs from the whole state"
     done
-    # ByteGrad with sharded parameters: the same quantised reduce-scatter of the same buckets as with sharded
-    # gradients, so bit for bit the ZeRO-2 run with bytegrad (and not the exact run's bits); a kill -9 of rank 0
-    # in backward recovers in place to the same bits.
-    bg=(--algorithm bytegrad)
-    loop 4 180 "${zopts[@]}" --out "$d/bg-g.pt" -- "${lcommon[@]}" --shard gradients "${bg[@]}" \
-      || fail "bytegrad, gradients: exit $?"
-    loop 4 180 "${zopts[@]}" --out "$d/bg-p.pt" -- "${lcommon[@]}" --shard parameters "${bg[@]}" \
-      || fail "bytegrad, parameters: exit $?"
-    compare_loop "$d/bg-g.pt" "$d/bg-p.pt" 0 || fail "bytegrad: sharded parameters differ from sharded gradients"
-    ! compare_loop "$d/whole.pt" "$d/bg-p.pt" 0 >/dev/null || fail "bytegrad: the exact reduction's bits"
-    loop 4 180 "${zopts[@]}" --workers 2 --out "$d/bg-k.pt" -- "${lcommon[@]}" --shard parameters "${bg[@]}" \
-      --inject-fault 0:backward:12 || fail "bytegrad, killed: exit $?"
-    grep -q "recovered in place" "$d/out.txt" || fail "bytegrad, killed: not recovered in place"
-    compare_loop "$d/bg-p.pt" "$d/bg-k.pt" 0 || fail "bytegrad, killed: differs from the failure-free run"
-    echo "bytegrad with sharded parameters: bit for bit sharded gradients' run, and after a kill -9"
     # kill -9 at R = 2, in place, audit exact, the failure-free parameters: rank 0 in backward (the units'
     # gathers inside backward fail); rank 2 in its update (the next forward's gathers fail); ranks 0 and 1 at
     # once (they hold different shards); rank 1, then rank 2 (a replica holder) during the recovery.
@@ -531,6 +518,33 @@ PY
       compare_loop "$d/r$1-none.pt" "$d/r$1-parameters.pt" 0 \
         || fail "resumed at $1 ranks (--shard $2): the sharded checkpoint's run differs"
     done
+    ;;
+  loop-zero3-more)
+    # --shard parameters beyond loop-zero3: an embedding unit, and bytegrad.
+    zopts=(--model deep --optimizer adamw)
+    loop 4 180 "${zopts[@]}" --out "$d/whole.pt" -- "${lcommon[@]}" || fail "whole: exit $?"
+    # A unit that is an nn.Embedding is not gathered again for backward (its gradient reads no weight): the Linear
+    # units are, and the end state is the whole state's, bit for bit.
+    loop 4 180 --model embed --optimizer adamw --out "$d/e-whole.pt" -- "${lcommon[@]}" || fail "embed whole: exit $?"
+    loop 4 180 --model embed --optimizer adamw --out "$d/e-p.pt" -- "${lcommon[@]}" --shard parameters \
+      || fail "embed: exit $?"
+    grep -q "units gathered again for backward: Linear$" "$d/out.txt" || fail "embed: the embedding was gathered"
+    compare_loop "$d/e-whole.pt" "$d/e-p.pt" 0 || fail "embed: differs from the whole state"
+    # ByteGrad with sharded parameters: the same quantised reduce-scatter of the same buckets as with sharded
+    # gradients, so bit for bit the ZeRO-2 run with bytegrad (and not the exact run's bits); a kill -9 of rank 0
+    # in backward recovers in place to the same bits.
+    bg=(--algorithm bytegrad)
+    loop 4 180 "${zopts[@]}" --out "$d/bg-g.pt" -- "${lcommon[@]}" --shard gradients "${bg[@]}" \
+      || fail "bytegrad, gradients: exit $?"
+    loop 4 180 "${zopts[@]}" --out "$d/bg-p.pt" -- "${lcommon[@]}" --shard parameters "${bg[@]}" \
+      || fail "bytegrad, parameters: exit $?"
+    compare_loop "$d/bg-g.pt" "$d/bg-p.pt" 0 || fail "bytegrad: sharded parameters differ from sharded gradients"
+    ! compare_loop "$d/whole.pt" "$d/bg-p.pt" 0 >/dev/null || fail "bytegrad: the exact reduction's bits"
+    loop 4 180 "${zopts[@]}" --workers 2 --out "$d/bg-k.pt" -- "${lcommon[@]}" --shard parameters "${bg[@]}" \
+      --inject-fault 0:backward:12 || fail "bytegrad, killed: exit $?"
+    grep -q "recovered in place" "$d/out.txt" || fail "bytegrad, killed: not recovered in place"
+    compare_loop "$d/bg-p.pt" "$d/bg-k.pt" 0 || fail "bytegrad, killed: differs from the failure-free run"
+    echo "bytegrad with sharded parameters: bit for bit sharded gradients' run, and after a kill -9"
     ;;
   loop-memlimit)
     # A model whose whole training state does not fit the memory each rank may use: a memory cgroup per rank
