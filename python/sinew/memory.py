@@ -15,6 +15,7 @@ What a stage needs per rank, for P parameters of 4 bytes and an optimizer with k
     gradients    4P + 4P + 4kP s        (the gradients are whole while backward writes them)
     parameters   (4P + 4P + 4kP) s + 8 (largest unit) + 8 (root)   (a unit's parameters and gradients whole
                                                                      while it runs; the root's for the step)
+and with bytegrad's error feedback 4P more at every stage (its residual is a float per parameter).
 Activations come on top of all of them: the check refuses only what cannot fit.
 """
 import os
@@ -68,14 +69,16 @@ def state_tensors(opt):
         return 2
 
 
-def need(stage, params, k, world, replicas, unit=0, root=0):
-    """Bytes per rank of the training state at `stage` (the table above)."""
+def need(stage, params, k, world, replicas, unit=0, root=0, residual=0):
+    """Bytes per rank of the training state at `stage` (the table above); `residual`: floats per parameter of
+    the algorithm's own (bytegrad's error feedback: 1)."""
     s = min(replicas, world) / world
+    extra = 4 * params * residual
     if stage == "none":
-        return 4 * params * (2 + k)
+        return 4 * params * (2 + k) + extra
     if stage in ("optimizer", "gradients"):
-        return 4 * params * (2 + k * s)
-    return 4 * params * (2 + k) * s + 8 * unit + 8 * root
+        return 4 * params * (2 + k * s) + extra
+    return 4 * params * (2 + k) * s + 8 * unit + 8 * root + extra
 
 
 def check(job, model, opt):
@@ -94,7 +97,8 @@ def check(job, model, opt):
     # The flat parameters are in memory already (the model was moved there): part of every stage's need.
     left = limit - usage + 4 * params
     stage = core.shard
-    needs = {s: need(s, params, k, world, replicas, unit, root) for s in STAGES}
+    residual = core.residual_per_parameter
+    needs = {s: need(s, params, k, world, replicas, unit, root, residual) for s in STAGES}
     if needs[stage] <= left:
         return
     gib = 2 ** 30

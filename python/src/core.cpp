@@ -264,6 +264,12 @@ PYBIND11_MODULE(_core, m) {
           [](const pytorch::Job& j) { return std::string(name_of(train::kShardNames, j.config().shard)); })
       .def_property_readonly("shard_replicas",
                              [](const pytorch::Job& j) { return j.config().shard_replicas; })
+      .def_property_readonly("residual_per_parameter",
+                             [](const pytorch::Job& j) {
+                               // bytegrad's error feedback: a float per parameter, whatever the stage
+                               const auto& c = j.config();
+                               return c.algorithm == algo::Kind::kByteGrad && c.error_feedback ? 1 : 0;
+                             })
       .def(
           "gather_params",
           [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {

@@ -18,10 +18,8 @@ namespace sinew::train {
 namespace {
 
 constexpr int kTagReshard = 111;  // the state pieces of a reshard (point to point over the new view)
-constexpr int kTagScatter = 112;
-constexpr int kTagReshardParams =
-    113;  // --shard parameters: the parameters of the pieces of a reshard  // scatter_bucket's reduced parts,
-          // from a shard's owner to its other holders
+constexpr int kTagScatter = 112;  // scatter_bucket's reduced parts, from a shard's owner to its other holders
+constexpr int kTagReshardParams = 113;  // --shard parameters: the parameters of the pieces of a reshard
 const float kNotHeld = std::numeric_limits<float>::quiet_NaN();
 constexpr std::size_t kScatterChunk = 1u << 20;  // elements per reduce-scatter of scatter_bucket (4 MiB)
 
