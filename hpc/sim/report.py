@@ -283,82 +283,145 @@ def plot_validation(val, path):
     plt.close(fig)
 
 
-SHARD_LABELS = {0: "unsharded (--shard none)", 1: "--shard optimizer, R = 1", 2: "--shard optimizer, R = 2"}
+# (stage, R): what sim.py shard runs; stage None is the unsharded job.
+SHARD_CONFIGS = [(None, 0), ("optimizer", 1), ("optimizer", 2), ("gradients", 1), ("gradients", 2),
+                 ("parameters", 1), ("parameters", 2)]
+ZERO = {"optimizer": "ZeRO-1", "gradients": "ZeRO-2", "parameters": "ZeRO-3"}
+SHARD_COLOURS = {None: "tab:gray", "optimizer": "tab:blue", "gradients": "tab:green", "parameters": "tab:red"}
+
+
+def shard_label(stage, r):
+    return "unsharded (--shard none)" if stage is None else f"{ZERO[stage]} (--shard {stage}), R = {r}"
+
+
+def shard_key(x):
+    """A result's (stage, R): the unsharded job's stage is None (results before ZeRO-2/3 have no stage)."""
+    r = x["shard_replicas"]
+    return (x.get("shard_stage", "optimizer") if r > 0 else None), r
 
 
 def fmt_mb(b):
-    return f"{b / 1e6:.3g} MB" if b >= 1e5 else f"{b / 1e3:.3g} kB"
+    return f"{b / 1e6:.3g} MB"
+
+
+def memory_per_param(stage, r, ranks, units):
+    """Bytes per parameter a rank holds (float32 parameters and gradients, Adam's two buffers), as
+    docs/sharding.md counts them: unsharded 4 + 4 + 8; ZeRO-1 and 2 (the gradient buffer stays whole) 8 +
+    8 R/W; ZeRO-3 16 R/W, plus one unit whole while it runs (its parameters and gradients, 8/U)."""
+    if stage is None:
+        return 16.0, 16.0
+    share = min(r, ranks) / ranks
+    if stage == "parameters":
+        return 16 * share, 16 * share + 8 / units
+    return 8 + 8 * share, 8 + 8 * share
 
 
 def shard_tables(sh):
-    """sim.py shard: the step's bytes and time, and the recovery from a killed rank, per R."""
+    """sim.py shard: the step's time, bytes and memory, and the recovery from a killed rank, per stage and R."""
     steps, rec = sh["steps"], sh["recoveries"]
     ranks = sorted({r["ranks"] for r in rec})
-    step = {(r["params"] > 1e7, r["ranks"], r["shard_replicas"]): r
-            for r in steps}
-    lines = ["", f"## Sharded optimiser state (sim.py shard: {sh['platform']}, Adam, Sinew's ring allreduce)", ""]
-    for large, name in [(False, "Fashion-MNIST MLP (0.67 M parameters)"),
-                        (True, "ResNet-50-sized (25.6 M parameters, 100 ms of computation)")]:
-        lines += [f"Step, {name}: time (of it the parameters' gather) and bytes sent per rank and step", "",
-                  "| ranks | unsharded | R = 1 | R = 2 | R = 2 vs R = 1 | R = 2 vs unsharded | bytes unsharded | "
-                  "bytes sharded (R = 1, 2) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    step = {(x["params"] > 1e7, x["ranks"], *shard_key(x)): x for x in steps}
+    units = sh.get("units", {"small": 3, "large": 16})
+    lines = ["", f"## Sharded training state (sim.py shard: {sh['platform']}, Adam; unsharded and ZeRO-1: Sinew's "
+             "ring allreduce; ZeRO-2 and 3: MPI's reduce-scatter, libnbc's)", ""]
+    cols = [c for c in SHARD_CONFIGS]
+    head = " | ".join("unsharded" if st is None else f"{ZERO[st]} R = {r}" for st, r in cols)
+    for large, name in [(False, f"Fashion-MNIST MLP (0.67 M parameters; ZeRO-3: {units['small']} units)"),
+                        (True, f"ResNet-50-sized (25.6 M parameters, 100 ms of computation; ZeRO-3: "
+                               f"{units['large']} units)")]:
+        lines += [f"Step, {name}: time per step (ZeRO-1, 2: of it the gather after the update; ZeRO-3: the "
+                  "waits for the units' gathers)", "", f"| ranks | {head} |", "|---:|" + "---:|" * len(cols)]
         for n in ranks:
-            u, r1, r2 = (step.get((large, n, r)) for r in (0, 1, 2))
-            if not (u and r1 and r2):
-                continue
-            lines.append(f"| {n} | {fmt_ms(u['step_ms'])} | {fmt_ms(r1['step_ms'])} ({fmt_ms(r1['gather_ms'])}) | "
-                         f"{fmt_ms(r2['step_ms'])} ({fmt_ms(r2['gather_ms'])}) | "
-                         f"{r2['step_ms'] - r1['step_ms']:+.3g} ms | {r2['step_ms'] / u['step_ms']:.2f}x | "
-                         f"{fmt_mb(u['bytes_per_rank'])} | {fmt_mb(r2['bytes_per_rank'])} "
-                         f"({r2['bytes_per_rank'] / u['bytes_per_rank']:.2f}x) |")
+            row = []
+            for st, r in cols:
+                x = step.get((large, n, st, r))
+                if x is None:
+                    row.append("")
+                elif st is None:
+                    row.append(fmt_ms(x["step_ms"]))
+                else:
+                    row.append(f"{fmt_ms(x['step_ms'])} ({fmt_ms(x['gather_ms'])})")
+            lines.append(f"| {n} | " + " | ".join(row) + " |")
+        lines += ["", f"Bytes sent per rank and step (as Sinew's metrics count them), {name}; R = 2 against R = 1",
+                  "", f"| ranks | {head} |", "|---:|" + "---:|" * len(cols)]
+        for n in ranks:
+            row = []
+            for st, r in cols:
+                x = step.get((large, n, st, r))
+                if x is None:
+                    row.append("")
+                    continue
+                cell = fmt_mb(x["bytes_per_rank"])
+                one = step.get((large, n, st, 1))
+                if r == 2 and one:
+                    cell += f" ({x['bytes_per_rank'] - one['bytes_per_rank']:+.3g} B, " \
+                            f"{x['step_ms'] - one['step_ms']:+.3g} ms)"
+                row.append(cell)
+            lines.append(f"| {n} | " + " | ".join(row) + " |")
         lines.append("")
-    recs = {(r["ranks"], r["shard_replicas"]): r for r in rec}
-    lines += ["Recovery of the MLP from a killed rank (in place; at R = 1 the rank's shard is lost: the survivors "
-              "exit 75 and sinew-run relaunches from the newest checkpoint), ms", "",
-              "| ranks | unsharded | R = 2 | R = 2: state sync (plan) | unsharded: state sync | R = 2: first step | "
-              "unsharded: first step | R = 2: state moved | R = 1 (relaunch) |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["Memory per rank, bytes per parameter (parameters, gradients, Adam's state; ZeRO-3: steady, and with "
+              "one unit of the MLP / the ResNet-50-sized model whole)", "", f"| ranks | {head} |",
+              "|---:|" + "---:|" * len(cols)]
     for n in ranks:
-        u, r1, r2 = (recs.get((n, r)) for r in (0, 1, 2))
-        if not (u and r1 and r2):
+        row = []
+        for st, r in cols:
+            steady, peak = memory_per_param(st, r, n, units["small"])
+            _, peak_large = memory_per_param(st, r, n, units["large"])
+            row.append(f"{steady:.5g}" if st != "parameters" else f"{steady:.3g} ({peak:.3g} / {peak_large:.3g})")
+        lines.append(f"| {n} | " + " | ".join(row) + " |")
+    recs = {(x["ranks"], *shard_key(x)): x for x in rec}
+    lines += ["", "Recovery of the MLP from a killed rank (in place, R = 2; at R = 1 the rank's shard is lost: the "
+              "survivors exit 75 and sinew-run relaunches from the newest checkpoint, shown for ZeRO-1), ms; state "
+              "sync with of it Sinew's plan_reshard; bytes the reshard moves: state (ZeRO-3: and parameters) point "
+              "to point, and ZeRO-1/2's broadcast of every old shard's parameters (received by every member)", "",
+              "| ranks | unsharded | ZeRO-1 R = 2 | ZeRO-2 R = 2 | ZeRO-3 R = 2 | state sync: unsharded / ZeRO-1 / "
+              "ZeRO-2 / ZeRO-3 (plan) | first step: unsharded / ZeRO-1 / ZeRO-2 / ZeRO-3 | moved p2p: ZeRO-1, 2 / "
+              "ZeRO-3 | broadcast: ZeRO-1, 2 | ZeRO-1 R = 1 (relaunch) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in ranks:
+        u, z1, z2, z3, r1 = (recs.get((n, *k)) for k in [(None, 0), ("optimizer", 2), ("gradients", 2),
+                                                           ("parameters", 2), ("optimizer", 1)])
+        if not (u and z1):
             continue
+        have = [x for x in (u, z1, z2, z3) if x]
         plan = sh["plan_ms"][str(n)]["2"]
-        lines.append(f"| {n} | {fmt_ms(u['total_ms'])} | {fmt_ms(r2['total_ms'])} | "
-                     f"{fmt_ms(r2['parts_ms']['state sync'])} ({fmt_ms(plan)}) | {fmt_ms(u['parts_ms']['state sync'])} | "
-                     f"{fmt_ms(r2['parts_ms']['first step'])} | {fmt_ms(u['parts_ms']['first step'])} | "
-                     f"{fmt_mb(r2.get('moved_state_bytes', 0))} | {fmt_ms(r1['total_ms'])} |")
+        lines.append(f"| {n} | " + " | ".join(fmt_ms(x["total_ms"]) if x else "" for x in (u, z1, z2, z3)) + " | " +
+                     " / ".join(fmt_ms(x["parts_ms"]["state sync"]) for x in have) + f" ({fmt_ms(plan)}) | " +
+                     " / ".join(fmt_ms(x["parts_ms"]["first step"]) for x in have) + " | " +
+                     f"{fmt_mb(z1.get('moved_state_bytes', 0))} / {fmt_mb(z3.get('moved_state_bytes', 0)) if z3 else ''}"
+                     f" | {fmt_mb(z1.get('broadcast_param_bytes', 4 * z1['params']))} | "
+                     f"{fmt_ms(r1['total_ms']) if r1 else ''} |")
     return lines
 
 
 def plot_shard(sh, path):
     steps, rec = sh["steps"], sh["recoveries"]
-    colours = {0: "tab:gray", 1: "tab:orange", 2: "tab:blue"}
-    fig, axes = plt.subplots(1, 3, figsize=(12.6, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.6))
     ranks = sorted({r["ranks"] for r in rec})
     for ax, large, title in [(axes[0], False, "step, MLP (0.67 M)"), (axes[1], True, "step, ResNet-50-sized (25.6 M)")]:
-        for r in (0, 1, 2):
+        for st, r in SHARD_CONFIGS:
             pts = sorted((x["ranks"], x["step_ms"]) for x in steps
-                         if x["shard_replicas"] == r and (x["params"] > 1e7) == large)
+                         if shard_key(x) == (st, r) and (x["params"] > 1e7) == large)
             if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, color=colours[r], label=SHARD_LABELS[r],
+                ax.plot(*zip(*pts), marker="o", ms=3, color=SHARD_COLOURS[st], label=shard_label(st, r),
                         linestyle="--" if r == 1 else "-")
         log_axes(ax, ranks)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("ranks")
-    axes[0].set_ylabel("ms per step (ring allreduce, Adam)")
+    axes[0].set_ylabel("ms per step (Adam)")
     axes[0].legend(fontsize=6, loc="upper left")
     ax = axes[2]
-    for r in (0, 1, 2):
-        pts = sorted((x["ranks"], x["total_ms"]) for x in rec if x["shard_replicas"] == r)
+    for st, r in [(None, 0), ("optimizer", 2), ("gradients", 2), ("parameters", 2), ("optimizer", 1)]:
+        pts = sorted((x["ranks"], x["total_ms"]) for x in rec if shard_key(x) == (st, r))
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3, color=colours[r],
-                    label=SHARD_LABELS[r] + (": shard lost, relaunch" if r == 1 else ""))
+            ax.plot(*zip(*pts), marker="o", ms=3, color=SHARD_COLOURS[st], linestyle="--" if r == 1 else "-",
+                    label=shard_label(st, r) + (": shard lost, relaunch" if r == 1 else ""))
     log_axes(ax, ranks)
     ax.set_title("recovery from a killed rank, MLP", fontsize=10)
     ax.set_xlabel("ranks before the failure")
     ax.set_ylabel("ms from the failure until training is back")
     ax.legend(fontsize=6, loc="upper left")
-    fig.suptitle("Sharded optimiser state at scale, simulated (SimGrid), HDR 200 Gb/s", fontsize=11)
+    fig.suptitle("Sharded training state at scale, simulated (SimGrid), HDR 200 Gb/s", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

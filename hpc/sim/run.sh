@@ -2,8 +2,8 @@
 # The scale model end to end (docs/scale.md): builds sinew-sim (and Sinew, which the calibration runs),
 # calibrates the model on this machine, checks it against the calibration at 4 ranks, simulates the
 # sweep (4 ... 16 384 ranks on three platforms), the validation against published figures, and writes
-# the tables (hpc/sim/results/tables.md) and plots (docs/img/scale_*.png), and the sharded optimiser
-# state's step and recovery (sim.py shard, hdr200).
+# the tables (hpc/sim/results/tables.md) and plots (docs/img/scale_*.png), and the sharded training
+# state's step and recovery (sim.py shard: ZeRO-1, 2 and 3, hdr200).
 #
 # usage: hpc/sim/run.sh [--no-calibrate] [--quick]
 #   --no-calibrate  keep hpc/sim/calibration.json as it is (the measurements take ~2 minutes).
@@ -87,7 +87,7 @@ fi
 say "sweep: hdr200, edr100, eth10 ${ranks[*]}"
 /usr/bin/python3 "$here/sim.py" sweep --sim "$sim" --calibration "$calibration" "${ranks[@]}" \
   --out "$results/sweep.json"
-say "sharded optimiser state: R = 1, 2 and unsharded on hdr200"
+say "sharded training state (ZeRO-1, 2, 3): R = 1, 2 and unsharded on hdr200"
 /usr/bin/python3 "$here/sim.py" shard --sim "$sim" --calibration "$calibration" "${ranks[@]}" --out "$results/shard.json"
 say "validation against published figures"
 /usr/bin/python3 "$here/sim.py" validate --sim "$sim" --calibration "$calibration" --out "$results/validation.json"

@@ -12,9 +12,10 @@ turns the results into tables and plots.
   sim.py bagua    --sim BIN [--out F]                 Bagua's VGG-16 benchmark (128 V100, 10 and 100
                                                       Gbit/s): DDP against ByteGrad, from published V100
                                                       step times
-  sim.py shard    --sim BIN [--out F] [--ranks LIST]  sharded optimiser state (--shard optimizer, Adam) at
-                                                      R = 1 and 2 against the unsharded job: the step
-                                                      (bytes, time) and the recovery from a killed rank
+  sim.py shard    --sim BIN [--out F] [--ranks LIST]  sharded training state (--shard optimizer,
+                                                      gradients, parameters; Adam) at R = 1 and 2 against
+                                                      the unsharded job: the step (bytes, time) and the
+                                                      recovery from a killed rank
   sim.py report   [--results F] [--validation F] [--img DIR] [--tables F] [--shard F]
 
 check exits 77 (skipped) when sinew-sim was not built (no SimGrid), 1 when the model is off by more
@@ -76,6 +77,9 @@ SAMPLING = [("hdr200", 256, "ring", "small"), ("eth10", 256, "ring", "large"),
 # broadcasts simulated, the rest at their pace).
 GATHER = [("hdr200", 128), ("eth10", 64)]
 SHARD_RECOVERY = ("hdr200", 256)
+# ... and a ZeRO-2 step's gradient reduce-scatters (libnbc's; when sampling, member 0's empty messages of the
+# scatter are computed), sampled against full.
+SCATTER = ("hdr200", 128)
 
 # Where the check compares recoveries with ULFM's agreements and the shrink's allgather computed from
 # their routes (the sweep's default when sampling) against the same recoveries with them simulated as
@@ -94,14 +98,22 @@ ZONES = [("hdr200", ["step", "--ranks", "256", "--algorithm", "tree"]),
          ("hdr200", ["recover", "--ranks", "256", "--mode", "restart", "--failure", "node"])]
 
 
-# Sharded optimiser state (docs/scale.md, "Sharded optimiser state"): Adam (two state buffers, as the
-# measurements of docs/benchmarks.md), R = 1 and 2 against the unsharded job, on HDR up to 16 384 ranks:
-# the MLP's and the large workload's steps with Sinew's ring, and the MLP's in-place recovery.
+# Sharded training state (docs/scale.md, "Sharded optimiser state"): Adam (two state buffers, as the
+# measurements of docs/benchmarks.md), ZeRO-1, 2 and 3 at R = 1 and 2 against the unsharded job, on HDR up
+# to 16 384 ranks: the MLP's and the large workload's steps with Sinew's ring (ZeRO-2 and 3: MPI's
+# reduce-scatter), and the MLP's in-place recovery (ZeRO-2 and 3 at R = 2 only: at R = 1 a kill loses a
+# shard and the job relaunches, as ZeRO-1's R = 1 shows).
 SHARD_RANKS = [4, 64, 256, 1024, 4096, 16384]
 SHARD_REPLICAS = [0, 1, 2]  # 0: --shard none
+SHARD_STAGES = ["optimizer", "gradients", "parameters"]
+# ZeRO-3's units, taken as alike in size: the MLP's three Linear layers (the elements of its Sequential),
+# and the ResNet-50-sized model's 16 bottleneck blocks.
+SHARD_UNITS = {"small": 3, "large": 16}
 ADAM = ["--optimizer-buffers", "2"]
 PLAN_TIME = os.path.join(HERE, "plan_reshard_time.json")
 SHARD_BENCH = os.path.join(ROOT, "hpc", "bench", "results", "shard_bench.json")
+ZERO3_RECOVERY = os.path.join(ROOT, "hpc", "bench", "results", "shard_recovery_zero3.json")
+ZERO3_RECOVERY_CHECK = os.path.join(ROOT, "hpc", "bench", "results", "shard_recovery_zero3_108m.json")
 
 
 def mlp_params(model):
@@ -110,17 +122,35 @@ def mlp_params(model):
     return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
 
 
-def reshard_ns_per_byte():
-    """A reshard's local work per byte of optimiser state a member holds afterwards, from the reshard
-    measured here (hpc/bench/shard_bench.py: 4 ranks, Adam, R = 2, a kill, resharded over 3): its whole
-    time over the bytes of state a member holds after it. A bound: the measured time also holds the
-    parameters' broadcasts and the pieces' moves through shared memory, which the model simulates again."""
+def reshard_ns_per_byte(stage="optimizer"):
+    """A reshard's local work per byte a member holds afterwards, from a reshard measured here (4 ranks,
+    Adam, R = 2, a kill, resharded over 3): its whole time over the bytes a member holds after it. A bound:
+    the measured time also holds the pieces' moves through shared memory (and with ZeRO-1 the parameters'
+    broadcasts), which the model simulates again. ZeRO-1 and 2 (the same reshard): optimiser state, from
+    hpc/bench/shard_bench.py's built-in MLP. ZeRO-3: parameters and optimiser state, from
+    hpc/bench/shard_recovery_bench.py's transformer (shard_recovery_zero3.json)."""
+    if stage == "parameters":
+        ms, params = zero3_reshard(ZERO3_RECOVERY)
+        return ms * 1e6 / zero3_held_bytes(params)
     with open(SHARD_BENCH) as f:
         bench = json.load(f)
     ms = bench["kill"]["r=2"]["parts"]["reshard"]
     params, ranks, replicas = mlp_params(bench["model"]), bench["ranks"] - 1, 2
     held = replicas * params / ranks * 2 * 4  # R shards of N/W elements, Adam's two buffers, float32
     return ms * 1e6 / held
+
+
+def zero3_reshard(path):
+    """A ZeRO-3 kill's measured reshard (ms) and the model's parameters."""
+    with open(path) as f:
+        bench = json.load(f)
+    return bench["modes"]["sinew ZeRO-3 R=2"]["parts_ms"]["of it reshard"], bench["params"]
+
+
+def zero3_held_bytes(params, ranks_after=3, replicas=2):
+    """Bytes a member holds after a ZeRO-3 reshard: R shards of N/W elements, parameters and AdamW's two
+    buffers, float32."""
+    return replicas * params / ranks_after * (1 + 2) * 4
 
 
 def plan_ms(ranks, replicas):
@@ -141,11 +171,16 @@ def plan_ms(ranks, replicas):
     return math.exp(math.log(table[lo]) + x * (math.log(table[hi]) - math.log(table[lo]))) * 1e3
 
 
-def shard_args(ranks, replicas):
+def shard_args(ranks, replicas, stage="optimizer", units=None):
     if replicas == 0:
         return ADAM
-    return [*ADAM, "--shard-replicas", str(replicas), "--reshard-ns-per-byte", f"{reshard_ns_per_byte():.6g}",
-            "--plan-ms", f"{plan_ms(ranks, replicas):.6g}"]
+    args = [*ADAM, "--shard-replicas", str(replicas), "--reshard-ns-per-byte",
+            f"{reshard_ns_per_byte(stage):.6g}", "--plan-ms", f"{plan_ms(ranks, replicas):.6g}"]
+    if stage != "optimizer":
+        args += ["--shard-stage", stage]
+    if stage == "parameters":
+        args += ["--units", str(units)]
+    return args
 
 
 def platform_file(name):
@@ -296,6 +331,10 @@ def check(a):
         runs += [["recover", "--platform", platform_file(plat), "--ranks", str(n), "--mode", mode, "--failure",
                   failure, *ring, *control] for control in ([], ["--simulate-control"])]
     results = run_all(a.sim, a.calibration, a.jobs, runs)
+    plat, n = SCATTER
+    scatter_results = run_all(a.sim, a.calibration, a.jobs, [
+        ["step", "--platform", platform_file(plat), "--ranks", str(n), "--algorithm", "ring", *ADAM,
+         "--shard-replicas", "2", "--shard-stage", "gradients", *sample] for sample in ([], ["--sample", "0"])])
     control_results = results[len(results) - 2 * len(CONTROL):]
     results = results[:len(results) - 2 * len(CONTROL)]
     results, shard_recovery = results[:-2], results[-2:]
@@ -368,6 +407,14 @@ def check(a):
         bad = abs(o) > SAMPLE_TOLERANCE
         name = f"sharded gather {plat} {n} ranks"
         print(f"{name:48} {sampled['gather_ms']:10.3f} {full['gather_ms']:12.3f} {o:+7.1%}{'  FAILED' if bad else ''}")
+        if bad:
+            failures.append(f"sampling {name}")
+    sampled, full = scatter_results
+    for what in ("scatter_ms", "exposed_comm_ms"):
+        o = off(sampled[what], full[what])
+        bad = abs(o) > SAMPLE_TOLERANCE
+        name = f"ZeRO-2 step {SCATTER[0]} {SCATTER[1]} ranks: {what[:-3].replace('_', ' ')}"
+        print(f"{name:48} {sampled[what]:10.3f} {full[what]:12.3f} {o:+7.1%}{'  FAILED' if bad else ''}")
         if bad:
             failures.append(f"sampling {name}")
     sampled, full = shard_recovery
@@ -445,26 +492,37 @@ def sweep(a):
 
 
 def shard(a):
-    """Sharded optimiser state at scale: per size and R (0: unsharded), the MLP's and the large workload's
-    ring steps and the MLP's in-place recovery from a killed rank, on HDR (16 384 ranks there only, as the
-    sweep: docs/scale.md)."""
+    """Sharded training state at scale: per size, stage (ZeRO-1, 2, 3) and R (0: unsharded), the MLP's and
+    the large workload's steps and the MLP's in-place recovery from a killed rank (ZeRO-2 and 3 at R = 2), on
+    HDR (16 384 ranks there only, as the sweep: docs/scale.md)."""
     ranks = SHARD_RANKS if a.ranks is None else [int(r) for r in a.ranks.split(",")]
     ovh = overheads(a.sim, a.calibration, a.jobs)
     plat = platform_file("hdr200")
     runs = []
     for n in ranks:
-        for r in SHARD_REPLICAS:
-            step = ["step", "--platform", plat, "--ranks", str(n), "--algorithm", "ring", *overhead_args(ovh, "ring"),
-                    *shard_args(n, r)]
-            runs += [step, [*step, *LARGE]]
-            runs.append(["recover", "--platform", plat, "--ranks", str(n), "--mode", "in-place",
-                         *overhead_args(ovh, "ring"), *shard_args(n, r)])
+        for stage in SHARD_STAGES:
+            for r in SHARD_REPLICAS:
+                if r == 0 and stage != "optimizer":
+                    continue  # the unsharded job once
+                step = ["step", "--platform", plat, "--ranks", str(n), "--algorithm", "ring",
+                        *overhead_args(ovh, "ring")]
+                runs += [[*step, *shard_args(n, r, stage, SHARD_UNITS["small"])],
+                         [*step, *shard_args(n, r, stage, SHARD_UNITS["large"]), *LARGE]]
+                if stage == "optimizer" or r == 2:
+                    runs.append(["recover", "--platform", plat, "--ranks", str(n), "--mode", "in-place",
+                                 *overhead_args(ovh, "ring"), *shard_args(n, r, stage, SHARD_UNITS["small"])])
     runs.sort(key=lambda r: -int(r[r.index("--ranks") + 1]))
     print(f"sim.py shard: {len(runs)} simulations, {a.jobs} at a time", file=sys.stderr)
     results = run_all(a.sim, a.calibration, a.jobs, runs)
     report_times("shard")
+    ms, params = zero3_reshard(ZERO3_RECOVERY_CHECK)
     write_json(a.out, {"platform": "hdr200", "optimizer": "adam", "algorithm": "ring",
                        "reshard_ns_per_byte": reshard_ns_per_byte(),
+                       "reshard_ns_per_byte_zero3": reshard_ns_per_byte("parameters"),
+                       # the ZeRO-3 figure at another size: its prediction against the measurement there
+                       "zero3_reshard_check": {"params": params, "measured_ms": ms, "predicted_ms":
+                                               reshard_ns_per_byte("parameters") * zero3_held_bytes(params) / 1e6},
+                       "units": SHARD_UNITS,
                        "plan_ms": {str(n): {str(r): plan_ms(n, r) for r in (1, 2)} for n in ranks},
                        "steps": [r for r in results if "algorithm" in r],
                        "recoveries": [r for r in results if "mode" in r]})

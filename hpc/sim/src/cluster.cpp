@@ -670,6 +670,85 @@ void sequential_broadcasts(const Cluster& c, Group& g, const std::vector<int>& r
 
 void allgather_linear(const Cluster& c, Group& g, double bytes) { all_to_all(c, g, bytes); }
 
+void allgatherv_linear(const Cluster& c, Group& g, const std::function<double(int)>& block, double largest) {
+  const int n = g.size();
+  if (n < 2) return;
+  const std::string tag = g.next_tag();
+  const int shifts = n - 1, me = g.me;
+  if (c.options.sample == 0 || 8 * c.options.sample >= shifts || c.platform->local) {
+    // Round r: the block of member me - r arrives, this member's goes to me + r.
+    const double mine = block(me);
+    std::vector<sg4::CommPtr> comms;
+    for (int r = 1; r < n; ++r)
+      comms.push_back(sg4::Mailbox::by_name(mailbox(tag, me, r))->get_async<int>(&received));
+    for (int r = 1; r < n; ++r) comms.push_back(send_async(c, mailbox(tag, (me + r) % n, r), mine));
+    wait_all(comms);
+    return;
+  }
+  // Computed. (Two sampled simulations were tried first: the owners' messages in groups as all_to_all()
+  // sends them, or in one flow per owner, met on the fat tree's uplinks, which route by destination, and
+  // came out up to 2.6x slow; one flow per member took 5 min at 16 384 ranks.)
+  const double o = c.platform->overhead_s;
+  const double dt = std::max(shifts * o, o + shifts * largest / c.platform->link_Bps) + c.longest_path_s;
+  c.computed_collective(tag, n, me, [dt, n](const std::vector<double>& entered) {
+    return std::vector<double>(static_cast<std::size_t>(n),
+                               *std::max_element(entered.begin(), entered.end()) + dt);
+  });
+}
+
+void reduce_scatter_libnbc(const Cluster& c, Group& g, double bytes, const std::function<double(int)>& part) {
+  const int n = g.size();
+  if (n < 2) return;
+  const std::string tag = g.next_tag();
+  const int me = g.me;
+  // The reduce: in round d (1, 2, 4, ...) a member that is a multiple of 2d receives from member + d and
+  // sums; the others send what they have to member - d and are done with it.
+  for (int d = 1; d < n; d *= 2) {
+    if (me % (2 * d) == 0) {
+      if (me + d < n) {
+        recv(mailbox(tag + "r", me, me + d));
+        compute(c, bytes / c.calibration->costs.reduce_Bps);
+      }
+    } else {
+      send_async(c, mailbox(tag + "r", me - d, me), bytes)->wait();
+      break;
+    }
+  }
+  const bool sampled = c.options.sample > 0 && c.options.sample < n - 1;
+  if (!sampled) {
+    if (me == 0) {
+      std::vector<sg4::CommPtr> out;
+      for (int q = 1; q < n; ++q) out.push_back(send_async(c, mailbox(tag + "s", q), part(q)));
+      wait_all(out);
+    } else {
+      recv(mailbox(tag + "s", me));
+    }
+    return;
+  }
+  // Member 0 is the last to finish the reduce (it sums what every other member sent): from here on its
+  // sends are the schedule of every member's part.
+  c.max_over_members(tag, n, 0);
+  const double t0 = sg4::Engine::get_clock(), o = c.platform->overhead_s;
+  if (me == 0) {
+    std::vector<sg4::CommPtr> out;
+    int paid = 0;  // overheads paid so far: member 0 posts the part of member q after q of them
+    for (int q = 1; q < n; ++q) {
+      const double b = part(q);
+      if (b <= 0) continue;
+      software((q - paid) * o);
+      paid = q;
+      out.push_back(post_async(c, mailbox(tag + "s", q), b));
+    }
+    software((n - 1 - paid) * o);
+    wait_all(out);
+  } else if (part(me) > 0) {
+    recv(mailbox(tag + "s", me));
+  } else {
+    const auto& m = *g.members;
+    sg4::this_actor::sleep_until(t0 + me * o + c.message_s(m[0], m[static_cast<std::size_t>(me)], 1));
+  }
+}
+
 void exchange(const Cluster& c, Group& g, const std::vector<Transfer>& sends,
               const std::vector<Transfer>& recvs) {
   const std::string tag = g.next_tag();

@@ -130,6 +130,21 @@ void small_allgather(const Cluster& c, Group& g, double item);
 /// MPI_Iallgatherv as libnbc runs it (ompi/mca/coll/libnbc/nbc_iallgatherv.c): every member posts
 /// n-1 receives and n-1 sends of its `bytes` in one round, an all-to-all (sampled as ByteGrad's is).
 void allgather_linear(const Cluster& c, Group& g, double bytes);
+/// MPI_Iallgatherv of uneven blocks as libnbc runs it (the same n-1 rounds): member q sends its `block(q)`
+/// bytes to each of the n-1 others, a message each, zero-byte ones included (a ZeRO-3 unit's range, whose
+/// blocks are the owners' of the shards it crosses). Sampled (Options::sample > 0 and more than 8 * sample
+/// shifts, not on "local"): computed, not simulated. Every member leaves when the last has entered plus the
+/// time the owner of the `largest` block takes to send it n-1 times at its link's rate (or to pay the n-1
+/// overheads of posting, if longer) and the longest route's latency: the owners' NICs are the bottleneck
+/// of this pattern on a non-blocking fabric (every member receives the unit, 1/owners of an owner's bytes).
+/// What this leaves out is the overlap of consecutive gathers (see docs/scale.md).
+void allgatherv_linear(const Cluster& c, Group& g, const std::function<double(int)>& block, double largest);
+/// MPI_Ireduce_scatter as libnbc runs it (ompi/mca/coll/libnbc/nbc_ireduce_scatter.c): a binomial reduce of
+/// the whole `bytes` to member 0 (ceil(log2 n) rounds, each a receive of the whole buffer and its sum), then
+/// member 0 sends every other member its part, `part(q)` bytes, one message each in rank order (zero-byte
+/// ones included). Sampled: the parts with bytes are flows, an empty one arrives one route's latency after
+/// member 0 paid the overheads up to it (computed; the tiny messages would share links for nanoseconds).
+void reduce_scatter_libnbc(const Cluster& c, Group& g, double bytes, const std::function<double(int)>& part);
 /// One MPI_Ibcast after the other (Sinew's ShardedOptimizer::gather, and the parameters of a reshard):
 /// broadcast i of `bytes[i]` from member `roots[i]`, each shaped as libnbc's (Open MPI's nonblocking
 /// collectives, which Sinew's MPI backend calls): linear up to 4 members, a binomial tree below 64 KiB,

@@ -73,7 +73,8 @@ int run(int argc, char** argv) {
   int ranks = 4, fit_ranks = 4;
   double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0, codec_gbs = 0, reshard_ns_per_byte = 0,
          plan_ms = 0;
-  int shard_replicas = 0, optimizer_buffers = 1;
+  int shard_replicas = 0, optimizer_buffers = 1, units = 8;
+  std::string shard_stage = "optimizer";
   Options o;
   po::options_description d("sinew-sim " + what);
   d.add_options()("calibration", po::value(&calibration)->required(), "calibrate.py's measurements (JSON)")(
@@ -95,10 +96,14 @@ int run(int argc, char** argv) {
       "optimizer-buffers", po::value(&optimizer_buffers)->default_value(optimizer_buffers),
       "the optimiser's state buffers per parameter: 1 (SGD's momentum, the calibration's), 2 (Adam's)")(
       "shard-replicas", po::value(&shard_replicas)->default_value(shard_replicas),
-      "--shard optimizer with this many holders per shard (--shard-replicas); 0: --shard none")(
+      "--shard with this many holders per shard (--shard-replicas); 0: --shard none")(
+      "shard-stage", po::value(&shard_stage)->default_value(shard_stage),
+      "what --shard-replicas > 0 shards: optimizer (ZeRO-1) | gradients (ZeRO-2) | parameters (ZeRO-3)")(
+      "units", po::value(&units)->default_value(units),
+      "--shard-stage parameters: the model's units (gathered one at a time), alike in size")(
       "reshard-ns-per-byte", po::value(&reshard_ns_per_byte)->default_value(0),
-      "sharded: a reshard's local work per byte of optimiser state a member holds afterwards (sim.py "
-      "states it from hpc/bench/results/shard_bench.json)")(
+      "sharded: a reshard's local work per byte of optimiser state (ZeRO-3: and parameters) a member holds "
+      "afterwards (sim.py states it from hpc/bench/results/)")(
       "plan-ms", po::value(&plan_ms)->default_value(0),
       "sharded: Sinew's plan_reshard on one member at this size (sim.py: hpc/sim/plan_reshard_time.json)")(
       "overhead-ms-per-mparam", po::value(&overhead)->default_value(0),
@@ -150,6 +155,9 @@ int run(int argc, char** argv) {
         "--optimizer-buffers, --shard-replicas, --reshard-ns-per-byte and --plan-ms must be >= 0");
   w.optimizer_buffers = optimizer_buffers;
   w.shard_replicas = shard_replicas;
+  w.shard_stage = shard_stage_from_name(shard_stage);
+  if (units < 1) throw std::invalid_argument("--units must be >= 1");
+  w.units = units;
   w.reshard_s_per_byte = reshard_ns_per_byte * 1e-9;
   w.plan_s = plan_ms / 1e3;
   if (w.params <= 0 || w.compute_s < 0) throw std::invalid_argument("--params > 0 and --compute-ms >= 0");
@@ -163,11 +171,17 @@ int run(int argc, char** argv) {
            {"compute_step_ms", w.compute_s * 1e3},
            {"optimizer_buffers", w.optimizer_buffers},
            {"shard_replicas", w.shard_replicas}};
+  if (w.sharded()) out["shard_stage"] = shard_stage_name(w.shard_stage);
+  if (w.parameters_sharded()) out["units"] = w.units;
   if (what == "step") {
     const Algorithm a = algorithm_from_name(algorithm);
     if (w.sharded() && a != Algorithm::kRing && a != Algorithm::kTree && a != Algorithm::kByteGrad)
       throw std::invalid_argument(
           "--shard-replicas: Sinew shards the optimiser with ring, tree or bytegrad only");
+    if (w.gradients_sharded() && a == Algorithm::kByteGrad)
+      throw std::invalid_argument(
+          "--shard-stage gradients, parameters with bytegrad: not modelled (Sinew's quantised reduce-scatter "
+          "to the holders, algo::compressed_reduce_scatter, is not in the model yet)");
     const StepResult r = simulate_step(sg_argc, simgrid_args.data(), p, cal, w, a, ranks, o);
     out.update({{"algorithm", algorithm_name(a)},
                 {"step_ms", r.step_s * 1e3},
@@ -176,6 +190,7 @@ int run(int argc, char** argv) {
                 {"bytes_per_rank", r.bytes_per_rank},
                 {"sampled", r.sampled}});
     if (w.sharded()) out["gather_ms"] = r.gather_s * 1e3;
+    if (w.gradients_sharded()) out["scatter_ms"] = r.scatter_s * 1e3;
   } else {
     const Mode m = mode_from_name(mode);
     const Failure f = failure_from_name(failure);
@@ -193,6 +208,7 @@ int run(int argc, char** argv) {
     if (w.sharded()) {
       out["moved_state_bytes"] = r.moved_state_bytes;
       out["moved_state_messages"] = r.moved_state_messages;
+      out["broadcast_param_bytes"] = r.broadcast_bytes;
     }
   }
   std::cout << out.dump() << "\n";

@@ -2,6 +2,8 @@
 // (a process killed, or a node lost) in each of Sinew's four modes.
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -56,6 +58,156 @@ void allreduce(const Cluster& c, Group& g, double bytes, Algorithm a) {
   if (a == Algorithm::kByteGrad) bytegrad_allreduce(c, g, bytes);
 }
 
+/// The flat buffer's shards over a group of n (train::ShardLayout's: shard s is [total*s/n, total*(s+1)/n)),
+/// and the bytes of float32 a shard has in a range of elements. Arithmetic only: called for every member of
+/// every chunk's scatter.
+struct Flat {
+  std::size_t total;
+  int n, replicas;
+  Flat(const Workload& w, int members)
+      : total(static_cast<std::size_t>(w.params)),
+        n(members),
+        replicas(std::clamp(w.shard_replicas, 1, members)) {}
+  [[nodiscard]] std::size_t begin(int s) const {
+    return total * static_cast<std::size_t>(s) / static_cast<std::size_t>(n);
+  }
+  [[nodiscard]] double bytes_in(int s, std::size_t lo, std::size_t hi) const {
+    const std::size_t a = std::max(lo, begin(s)), b = std::min(hi, begin(s + 1));
+    return b > a ? 4.0 * static_cast<double>(b - a) : 0.0;
+  }
+  [[nodiscard]] int stride() const { return std::max(1, n / replicas); }
+  /// The shard element e (< total) is in.
+  [[nodiscard]] int shard_of(std::size_t e) const {
+    auto s = static_cast<int>(e * static_cast<std::size_t>(n) / total);
+    while (s + 1 < n && begin(s + 1) <= e) ++s;
+    while (s > 0 && begin(s) > e) --s;
+    return s;
+  }
+};
+
+/// Sinew's scatter_bucket (--shard gradients and parameters) for the bucket of elements [lo, hi): MPI's
+/// reduce-scatter of each chunk of at most 1 Mi elements over the shards' owners (libnbc's), then each
+/// owner's reduced part of the bucket point to point to its shard's R-1 other holders.
+void scatter_bucket(const Cluster& c, Group& g, const Flat& f, std::size_t lo, std::size_t hi) {
+  constexpr std::size_t kScatterChunk = std::size_t{1} << 20;  // as train/shards.cpp's
+  for (std::size_t at = lo; at < hi; at += kScatterChunk) {
+    const std::size_t end = std::min(hi, at + kScatterChunk);
+    reduce_scatter_libnbc(c, g, 4.0 * static_cast<double>(end - at),
+                          [&f, at, end](int q) { return f.bytes_in(q, at, end); });
+  }
+  std::vector<Transfer> sends, recvs;
+  const double own = f.bytes_in(g.me, lo, hi);
+  for (int k = 1; k < f.replicas; ++k) {
+    if (own > 0) sends.push_back({(g.me + k * f.stride()) % f.n, 1, own});
+    const int s = ((g.me - k * f.stride()) % f.n + f.n) % f.n;  // a shard this member holds
+    const double part = f.bytes_in(s, lo, hi);
+    if (part > 0) recvs.push_back({s, 1, part});
+  }
+  // By every member, with something to move or not, so that the group's tags stay in step.
+  exchange(c, g, sends, recvs);
+}
+
+/// A ZeRO-3 unit's gather (ShardedOptimizer::gather_ranges): one MPI_Iallgatherv of its range of elements
+/// [lo, hi) from the owners of the shards it crosses.
+void gather_unit(const Cluster& c, Group& g, const Flat& f, std::size_t lo, std::size_t hi) {
+  // The largest block: the first owner's, the last's, or a whole shard between them.
+  const int first = f.shard_of(lo), last = f.shard_of(hi - 1);
+  double largest = std::max(f.bytes_in(first, lo, hi), f.bytes_in(last, lo, hi));
+  if (last - first > 1) largest = std::max(largest, f.bytes_in(first + 1, lo, hi));
+  allgatherv_linear(
+      c, g, [&f, lo, hi](int q) { return f.bytes_in(q, lo, hi); }, largest);
+}
+
+/// One rank's step with --shard parameters (ZeRO-3, python/sinew/units.py): forward gathers each unit
+/// before its forward (no prefetch: the gathers do not overlap computation); backward gathers each unit
+/// again when the gradient of its output arrives, as a task of the communication actor after the
+/// reduce-scatters of the buckets complete by then (Bucketer::run_in_order), and waits for it; the buckets
+/// are reduce-scattered as they complete (gradients become final from the end of the flat buffer on, at
+/// backward's pace); then the update of the R shards held. No gather after it. Returns the communication
+/// not hidden behind computation; `gather_s`: of it the waits for the units' gathers; `scatter_s`: the
+/// communication actor's time in the buckets' reduce-scatters (overlapped with backward or not).
+double zero3_step(const Cluster& c, Group& g, const Workload& w, double* gather_s, double* scatter_s) {
+  const double fwd = w.compute_s * (1 - w.backward_frac - w.optimizer_frac);
+  const double bwd = w.compute_s * w.backward_frac;
+  const double opt = w.compute_s * w.optimizer_frac;
+  const int n = g.size(), units = std::max(1, w.units);
+  const Flat f(w, n);
+  const std::size_t total = f.total;
+  auto unit_lo = [&](int u) { return total * static_cast<std::size_t>(u) / static_cast<std::size_t>(units); };
+  double waited = 0;
+  for (int u = 0; u < units; ++u) {
+    const double t = sg4::Engine::get_clock();
+    gather_unit(c, g, f, unit_lo(u), unit_lo(u + 1));
+    waited += sg4::Engine::get_clock() - t;
+    compute(c, fwd / units);
+  }
+  // Backward: the communication actor runs the tasks in the order they are handed over.
+  struct Queue {
+    std::deque<std::function<void()>> tasks;
+    sg4::SemaphorePtr ready = sg4::Semaphore::create(0);
+    double scattering = 0;
+  } q;
+  auto comm = sg4::Actor::create("comm", sg4::this_actor::get_host(), [&q] {
+    for (;;) {
+      q.ready->acquire();
+      std::function<void()> task = std::move(q.tasks.front());
+      q.tasks.pop_front();
+      if (!task) return;
+      task();
+    }
+  });
+  auto hand_over = [&q](std::function<void()> task) {
+    q.tasks.push_back(std::move(task));
+    q.ready->release();
+  };
+  auto gather_now = [&](int u) {  // the unit's hook: its gather, handed over and waited for
+    const double t = sg4::Engine::get_clock();
+    auto done = sg4::Semaphore::create(0);
+    hand_over([&c, &g, &f, done, lo = unit_lo(u), hi = unit_lo(u + 1)] {
+      gather_unit(c, g, f, lo, hi);
+      done->release();
+    });
+    done->acquire();
+    waited += sg4::Engine::get_clock() - t;
+  };
+  const double grad_bytes = 4 * w.params;
+  const int buckets = std::max(1, static_cast<int>(std::ceil(grad_bytes / w.bucket_bytes)));
+  // Gradients done from the end of the buffer: bucket b is final once backward has produced (b+1)/buckets
+  // of them; unit u's backward starts at (units-1-u)/units. A bucket final at a unit's boundary is handed
+  // over before that unit's gather.
+  gather_now(units - 1);
+  double done_frac = 0;
+  int b = 0, next_unit = units - 2;
+  while (b < buckets || next_unit >= 0) {
+    const double bucket_at = b < buckets ? static_cast<double>(b + 1) / buckets : 2.0;
+    const double unit_at = next_unit >= 0 ? static_cast<double>(units - 1 - next_unit) / units : 2.0;
+    const double at = std::min(bucket_at, unit_at);
+    compute(c, bwd * (at - done_frac));
+    done_frac = at;
+    if (bucket_at <= unit_at) {
+      const std::size_t hi = total - total * static_cast<std::size_t>(b) / static_cast<std::size_t>(buckets);
+      const std::size_t lo =
+          total - total * static_cast<std::size_t>(b + 1) / static_cast<std::size_t>(buckets);
+      hand_over([&c, &g, &f, &q, lo, hi] {
+        const double t = sg4::Engine::get_clock();
+        scatter_bucket(c, g, f, lo, hi);
+        q.scattering += sg4::Engine::get_clock() - t;
+      });
+      ++b;
+    } else {
+      gather_now(next_unit--);
+    }
+  }
+  const double t = sg4::Engine::get_clock();
+  hand_over(nullptr);
+  comm->join();
+  const double tail = sg4::Engine::get_clock() - t;
+  compute(c, opt * std::min(w.shard_replicas, n) / n + w.overhead_s_per_param * w.params);
+  if (gather_s != nullptr) *gather_s = waited;
+  if (scatter_s != nullptr) *scatter_s = q.scattering;
+  return waited + tail;
+}
+
 /// Owners and bytes of one broadcast each (a reshard's parameters).
 struct Broadcasts {
   std::vector<int> roots;
@@ -67,9 +219,13 @@ struct Broadcasts {
 /// decentralized ones, and the optimiser. Sharded (--shard optimizer): the update of the R shards this
 /// member holds (R/n of the optimiser's work), then the parameters' gather, one all-gather-v of the
 /// owners' shards (ShardedOptimizer::gather, MPI_Iallgatherv; Sinew does it before the next forward pass,
-/// the same place in a loop of steps). Returns the communication not hidden behind computation (the
-/// gather's also in `gather_s`).
-double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a, double* gather_s = nullptr) {
+/// the same place in a loop of steps). --shard gradients: each bucket reduce-scattered to its holders
+/// instead of allreduced (scatter_bucket; the communication actor's time in them in `scatter_s`), the rest
+/// as --shard optimizer. --shard parameters: zero3_step(). Returns the communication not hidden behind
+/// computation (the gather's also in `gather_s`).
+double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a, double* gather_s = nullptr,
+                  double* scatter_s = nullptr) {
+  if (w.parameters_sharded()) return zero3_step(c, g, w, gather_s, scatter_s);
   const double fwd = w.compute_s * (1 - w.backward_frac - w.optimizer_frac);
   const double bwd = w.compute_s * w.backward_frac;
   const double opt = w.compute_s * w.optimizer_frac;
@@ -79,20 +235,32 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a, do
   if (a == Algorithm::kRing || a == Algorithm::kTree || a == Algorithm::kByteGrad) {
     const int buckets = std::max(1, static_cast<int>(std::ceil(grad_bytes / w.bucket_bytes)));
     const double bucket = grad_bytes / buckets;
+    // --shard gradients: bucket b (final b-th, from the end of the buffer) reduce-scattered to its holders.
+    const Flat f(w, g.size());
+    double scattering = 0;
+    auto exchange_bucket = [&c, &g, &w, &f, &scattering, buckets, bucket, a](int b) {
+      if (!w.gradients_sharded()) {
+        allreduce(c, g, bucket, a);
+        return;
+      }
+      const double t = sg4::Engine::get_clock();
+      const auto total = f.total, nb = static_cast<std::size_t>(buckets), i = static_cast<std::size_t>(b);
+      scatter_bucket(c, g, f, total - total * (i + 1) / nb, total - total * i / nb);
+      scattering += sg4::Engine::get_clock() - t;
+    };
     double t = 0;
     if (buckets == 1) {  // nothing to overlap: the exchange follows backward (one actor less per rank)
       compute(c, bwd);
       t = sg4::Engine::get_clock();
-      allreduce(c, g, bucket, a);
+      exchange_bucket(0);
     } else {
       auto ready = sg4::Semaphore::create(0);
-      auto comm =
-          sg4::Actor::create("comm", sg4::this_actor::get_host(), [&c, &g, ready, buckets, bucket, a] {
-            for (int b = 0; b < buckets; ++b) {
-              ready->acquire();
-              allreduce(c, g, bucket, a);
-            }
-          });
+      auto comm = sg4::Actor::create("comm", sg4::this_actor::get_host(), [ready, buckets, &exchange_bucket] {
+        for (int b = 0; b < buckets; ++b) {
+          ready->acquire();
+          exchange_bucket(b);
+        }
+      });
       for (int b = 0; b < buckets; ++b) {
         compute(c, bwd / buckets);
         ready->release();
@@ -101,6 +269,7 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a, do
       comm->join();
     }
     double exposed = sg4::Engine::get_clock() - t;
+    if (scatter_s != nullptr) *scatter_s = scattering;
     if (!w.sharded()) {
       compute(c, opt + w.overhead_s_per_param * w.params);
       return exposed;
@@ -146,8 +315,15 @@ double train_step(const Cluster& c, Group& g, const Workload& w, Algorithm a, do
 double bytes_per_rank(const Workload& w, Algorithm a, int n) {
   if (n < 2) return 0;
   const double ring = 2.0 * (n - 1) / n;
-  // Sharded: the gather, counted as Sinew's metrics count it (ShardedOptimizer::take_bytes_sent: a
-  // bandwidth-optimal all-gather's (n-1)/n of the parameters; the broadcasts' trees send more in all).
+  // Sharded, as Sinew's metrics count it (ShardedOptimizer::take_bytes_sent): a bandwidth-optimal
+  // all-gather's or reduce-scatter's (n-1)/n of the buffer, plus the replicas' parts point to point (an
+  // owner's 1/n to R-1 holders). ZeRO-2: a reduce-scatter, the parts, the gather after the update; ZeRO-3:
+  // a reduce-scatter, the parts, and every unit gathered twice (forward, backward), no gather after.
+  const double part = (n - 1.0) / n * 4 * w.params;
+  const double replicas = (std::min(w.shard_replicas, n) - 1.0) / n * 4 * w.params;
+  if (w.parameters_sharded()) return 3 * part + replicas;
+  if (w.gradients_sharded()) return 2 * part + replicas;
+  // ZeRO-1: the allreduce and the gather (the broadcasts' trees of a reshard send more in all).
   if (w.sharded()) {
     Workload whole = w;
     whole.shard_replicas = 0;
@@ -195,6 +371,25 @@ std::string algorithm_name(Algorithm a) {
   return "?";
 }
 
+ShardStage shard_stage_from_name(const std::string& name) {
+  if (name == "optimizer") return ShardStage::kOptimizer;
+  if (name == "gradients") return ShardStage::kGradients;
+  if (name == "parameters") return ShardStage::kParameters;
+  throw std::invalid_argument("unknown shard stage '" + name + "'; use optimizer, gradients or parameters");
+}
+
+std::string shard_stage_name(ShardStage s) {
+  switch (s) {
+    case ShardStage::kOptimizer:
+      return "optimizer";
+    case ShardStage::kGradients:
+      return "gradients";
+    case ShardStage::kParameters:
+      return "parameters";
+  }
+  return "?";
+}
+
 Mode mode_from_name(const std::string& name) {
   if (name == "in-place") return Mode::kInPlace;
   if (name == "spare") return Mode::kSpare;
@@ -229,14 +424,15 @@ StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibr
   sg4::Engine e(&argc, argv);
   configure(e, p, ranks);
   auto cluster = build_cluster(e, p, cal, ranks, o);
-  std::vector<double> end(static_cast<std::size_t>(ranks)), exposed(end.size()), gather(end.size());
+  std::vector<double> end(static_cast<std::size_t>(ranks)), exposed(end.size()), gather(end.size()),
+      scatter(end.size());
   const Members world = make_members(iota(ranks));
   for (int r = 0; r < ranks; ++r) {
     sg4::Actor::create("rank" + std::to_string(r), cluster->nodes[static_cast<std::size_t>(r)],
-                       [&c = *cluster, &w, a, r, &world, &end, &exposed, &gather] {
+                       [&c = *cluster, &w, a, r, &world, &end, &exposed, &gather, &scatter] {
                          Group g{"world", world, r};
                          const auto i = static_cast<std::size_t>(r);
-                         exposed[i] = train_step(c, g, w, a, &gather[i]);
+                         exposed[i] = train_step(c, g, w, a, &gather[i], &scatter[i]);
                          end[i] = sg4::Engine::get_clock();
                        });
   }
@@ -245,13 +441,15 @@ StepResult simulate_step(int& argc, char** argv, const Platform& p, const Calibr
   out.step_s = *std::max_element(end.begin(), end.end());
   out.exposed_comm_s = std::accumulate(exposed.begin(), exposed.end(), 0.0) / ranks;
   out.gather_s = std::accumulate(gather.begin(), gather.end(), 0.0) / ranks;
+  out.scatter_s = std::accumulate(scatter.begin(), scatter.end(), 0.0) / ranks;
   out.compute_s = out.step_s - out.exposed_comm_s;
   out.bytes_per_rank = bytes_per_rank(w, a, ranks);
   // Only the ring's steps and the all-to-all's shifts are sampled (the tree, the decentralized
   // exchanges are simulated whole).
   const int shifts = ranks - 1;
-  out.sampled = o.sample > 0 && ((a == Algorithm::kRing && shifts > ring_sample_steps(o.sample)) ||
-                                 (a == Algorithm::kByteGrad && shifts > o.sample));
+  out.sampled = o.sample > 0 &&
+                ((a == Algorithm::kRing && shifts > ring_sample_steps(o.sample)) ||
+                 (a == Algorithm::kByteGrad && shifts > o.sample) || (w.sharded() && shifts > o.sample));
   return out;
 }
 
@@ -292,8 +490,8 @@ struct Reshard {
   bool lost = false;  ///< a shard none of whose holders survived (R = 1): exit for a relaunch
   Broadcasts params;  ///< per old shard: its source (a member of the survivors) and its bytes
   std::vector<std::vector<Transfer>> sends, recvs;  ///< per member
-  std::vector<double> held_bytes;                   ///< per member: optimiser state held afterwards
-  double moved_bytes = 0;                           ///< state sent between members, in all
+  std::vector<double> held_bytes;  ///< per member: optimiser state (ZeRO-3: and parameters) held afterwards
+  double moved_bytes = 0;          ///< state sent between members, in all
   int messages = 0;
 };
 
@@ -310,7 +508,10 @@ Reshard plan_reshard(const Workload& w, int n, int victim) {
   const train::ReshardPlan plan = train::plan_reshard(old, old_rank, new_rank, next);
   r.lost = plan.lost >= 0;
   if (r.lost) return r;
-  for (int s = 0; s < n; ++s) {
+  // ZeRO-1 and 2: every old shard's parameters broadcast from its source. ZeRO-3: none; each piece's
+  // parameters go with its state, one message more per piece (kTagReshardParams).
+  const bool with_params = w.parameters_sharded();
+  for (int s = 0; s < n && !with_params; ++s) {
     r.params.roots.push_back(plan.source[static_cast<std::size_t>(s)]);
     r.params.bytes.push_back(4.0 * static_cast<double>(old.shard(s).count));
   }
@@ -321,16 +522,17 @@ Reshard plan_reshard(const Workload& w, int n, int victim) {
   // One message per piece and state buffer (reshard() sends each buffer's piece on its own); one flow
   // per pair of members in the simulation, with the overheads of all its messages.
   std::map<std::pair<int, int>, Transfer> pairs;
-  const double per_elem = 4.0 * w.optimizer_buffers;
+  const int buffers = w.optimizer_buffers + (with_params ? 1 : 0);
+  const double per_elem = 4.0 * buffers;
   for (const train::ReshardPlan::Piece& piece : plan.pieces) {
     const double bytes = per_elem * static_cast<double>(piece.range.count);
     r.held_bytes[static_cast<std::size_t>(piece.to)] += bytes;
     if (piece.from == piece.to) continue;
     Transfer& t = pairs[{piece.from, piece.to}];
-    t.messages += w.optimizer_buffers;
+    t.messages += buffers;
     t.bytes += bytes;
     r.moved_bytes += bytes;
-    r.messages += w.optimizer_buffers;
+    r.messages += buffers;
   }
   for (const auto& [fromto, t] : pairs) {
     r.sends[static_cast<std::size_t>(fromto.first)].push_back({fromto.second, t.messages, t.bytes});
@@ -477,8 +679,9 @@ void in_place(RecoveryRun& run, int node, const Members& group_nodes) {
     return;
   }
   // Sharded (ShardedOptimizer::reshard): who held what (an allgather of 3 int64 per member), the plan,
-  // then each old shard's parameters from its source and the state's pieces point to point, into fresh
-  // buffers. The rest of the state sync (the position, the checksum) is the fitted software part.
+  // then each old shard's parameters from its source (ZeRO-1 and 2; none with ZeRO-3, whose pieces carry
+  // them) and the state's pieces point to point, into fresh buffers. The rest of the state sync (the
+  // position, the checksum) is the fitted software part.
   const Reshard& r = *run.reshard;
   small_allgather(c, g, 24);
   software(run.w.plan_s);
@@ -711,6 +914,7 @@ RecoveryResult simulate_recovery(int& argc, char** argv, const Platform& p, cons
   if (w.sharded() && !lost) {
     r.moved_state_bytes = reshard.moved_bytes;
     r.moved_state_messages = reshard.messages;
+    r.broadcast_bytes = std::accumulate(reshard.params.bytes.begin(), reshard.params.bytes.end(), 0.0);
   }
   return r;
 }

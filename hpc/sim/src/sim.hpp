@@ -48,6 +48,12 @@ struct Platform {
 
 Platform load_platform(const nlohmann::json& j);
 
+/// What a sharded job shards (--shard): the optimiser's state (ZeRO-1), + the reduced gradients (ZeRO-2),
+/// + the parameters (ZeRO-3, PyTorch models).
+enum class ShardStage : std::uint8_t { kOptimizer, kGradients, kParameters };
+ShardStage shard_stage_from_name(const std::string& name);
+std::string shard_stage_name(ShardStage s);
+
 /// What is trained (the Fashion-MNIST MLP of the calibration, or a larger model stated in the sweep).
 struct Workload {
   std::string name;
@@ -61,16 +67,25 @@ struct Workload {
   double overhead_s_per_param = 0;
   /// The optimiser's state buffers per parameter: 1 (SGD's momentum, the calibration's), 2 (Adam's).
   int optimizer_buffers = 1;
-  /// --shard optimizer (ZeRO-1, train/shards.cpp) with this many holders per shard; 0: --shard none.
+  /// --shard (train/shards.cpp) with this many holders per shard; 0: --shard none.
   int shard_replicas = 0;
-  /// A reshard's local work per byte of optimiser state a member holds afterwards (fresh buffers, the
-  /// copies of what it kept); stated by sim.py from hpc/bench/results/shard_bench.json.
+  /// What is sharded (--shard optimizer, gradients or parameters) when shard_replicas > 0.
+  ShardStage shard_stage = ShardStage::kOptimizer;
+  /// --shard parameters: the model's units (a transformer's layers), gathered one at a time; taken as alike
+  /// in size and holding every parameter (no root).
+  int units = 8;
+  /// A reshard's local work per byte of optimiser state (ZeRO-3: and parameters) a member holds afterwards
+  /// (fresh buffers, the copies of what it kept); stated by sim.py from hpc/bench/results/.
   double reshard_s_per_byte = 0;
   /// Sinew's plan_reshard on one member at this size (measured, hpc/sim/plan_reshard_time.json).
   double plan_s = 0;
   /// The state a member holds whole: the parameters and the optimiser's buffers.
   double state_bytes() const { return 4.0 * (1 + optimizer_buffers) * params; }
   [[nodiscard]] bool sharded() const { return shard_replicas > 0; }
+  [[nodiscard]] bool gradients_sharded() const { return sharded() && shard_stage != ShardStage::kOptimizer; }
+  [[nodiscard]] bool parameters_sharded() const {
+    return sharded() && shard_stage == ShardStage::kParameters;
+  }
 };
 
 /// What one rank spends in software during an in-place recovery, outside the network (fitted per mode:
@@ -127,7 +142,10 @@ std::string algorithm_name(Algorithm a);
 
 struct StepResult {
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bytes_per_rank = 0;
-  double gather_s = 0;   ///< sharded: the parameters' gather after the update (in exposed_comm_s)
+  double gather_s = 0;  ///< sharded: the parameters' gathers (after the update; ZeRO-3: of the units)
+  /// --shard gradients, parameters: the communication actor's time in the gradients' reduce-scatters and
+  /// the replicas' parts (overlapped with backward or not)
+  double scatter_s = 0;
   bool sampled = false;  ///< long uniform loops simulated in part and extrapolated (sample > 0)
 };
 
@@ -141,8 +159,9 @@ struct RecoveryResult {
   std::vector<std::pair<std::string, double>> parts_s;  ///< in the order they happen
   double total_s = 0;
   int ranks_after = 0;
-  double moved_state_bytes = 0;  ///< sharded: optimiser state sent between members by the reshard
+  double moved_state_bytes = 0;  ///< sharded: state (ZeRO-3: and parameters) sent between members
   int moved_state_messages = 0;
+  double broadcast_bytes = 0;  ///< sharded, ZeRO-1 and 2: the old shards' parameters broadcast (the model)
 };
 
 struct Options {
