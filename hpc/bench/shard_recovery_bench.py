@@ -17,6 +17,8 @@ own loop. Modes:
   sinew R=1     shard="optimizer", shard_replicas=1 (no redundancy): the dead rank's shard is lost, the job
                 exits 75 and sinew-run (mpi_scripts/sinew-run) relaunches it on the 3 surviving slots from its
                 newest checkpoint (Sinew's HDF5, the same --ckpt-every);
+  sinew ZeRO-3 R=1   shard="parameters", shard_replicas=1: the same fallback with sharded parameters (as when
+                both holders of a shard die at R = 2);
   torchrun      torchrun --max-restarts 3, torch.distributed.fsdp.fully_shard per encoder layer and the root
                 (FSDP2, ZeRO-3) over gloo on the CPU, AdamW; every --ckpt-every steps the model's and the
                 optimizer's sharded state dicts are saved with torch.distributed.checkpoint (DCP), and every start
@@ -50,11 +52,12 @@ from shard_torch_bench import SEQ, adamw, build  # noqa: E402
 from torch_recovery_bench import RANKS, VICTIM, events, mpi_env, worker_env  # noqa: E402
 
 BATCH = 2
-MODES = ["sinew whole", "sinew R=2", "sinew ZeRO-3 R=2", "sinew R=1", "torchrun"]
+MODES = ["sinew whole", "sinew R=2", "sinew ZeRO-3 R=2", "sinew R=1", "sinew ZeRO-3 R=1", "torchrun"]
 SHARD = {"sinew whole": ["--shard", "none"],
          "sinew R=2": ["--shard", "optimizer", "--shard-replicas", "2"],
          "sinew ZeRO-3 R=2": ["--shard", "parameters", "--shard-replicas", "2"],
-         "sinew R=1": ["--shard", "optimizer", "--shard-replicas", "1"]}
+         "sinew R=1": ["--shard", "optimizer", "--shard-replicas", "1"],
+         "sinew ZeRO-3 R=1": ["--shard", "parameters", "--shard-replicas", "1"]}
 
 
 def log(path, **record):
@@ -320,7 +323,7 @@ def main():
         for mode in order:
             if mode == "torchrun":
                 r = torchrun(a, fail_step, env)
-            elif mode == "sinew R=1":
+            elif mode.endswith("R=1"):  # the dead rank's shard is lost: the fallback
                 r = sinew_relaunch(mode, a, fail_step, env)
             else:
                 r = sinew_in_place(mode, a, fail_step, env)
