@@ -369,7 +369,7 @@ class Loop:
                             f"step {self.core.step + 1}: backward() ran but optimizer.step() was not called before "
                             "the next step began: call it once per batch (to accumulate gradients over several "
                             "batches, sum their losses and call backward() once)")
-                    self.core.update(0.0)
+                    self.core.update(float("nan"))  # (the script's loss is its own)
                 self._take_snapshot()
                 more = self.core.settle()
                 if more and self.core.group_epoch != self.synced_epoch:  # grown or shrunk at the boundary
@@ -475,7 +475,10 @@ class Loop:
                              "gradient is in the view it replaced; change .grad in place (p.grad.mul_(...), "
                              "clip_grad_norm_) instead")
         self._check_sharded_gradients()
-        self._guarded(lambda: self.core.update(0.0))
+        # The script's loss is its own (NaN: the progress line leaves it out); its optimizer's learning rate is
+        # what the metrics report.
+        lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else float("nan")
+        self._guarded(lambda: self.core.update(float("nan"), lr))
         self.stepped = True
         return None
 

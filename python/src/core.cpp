@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -293,7 +294,8 @@ PYBIND11_MODULE(_core, m) {
              for (const Slice s : j.sharded_gradients()) r.emplace_back(s.offset, s.count);
              return r;
            })
-      .def("update", &pytorch::Job::update, py::arg("loss"), py::call_guard<py::gil_scoped_release>())
+      .def("update", &pytorch::Job::update, py::arg("loss"),
+           py::arg("lr") = std::numeric_limits<double>::quiet_NaN(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("phase", &pytorch::Job::phase)
       .def("peek", &pytorch::Job::peek, py::arg("ahead"), py::call_guard<py::gil_scoped_release>())
       .def(

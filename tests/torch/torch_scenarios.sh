@@ -397,6 +397,17 @@ PY
       --audit-dir "$d/audit" || fail "exit $?"
     audit || fail "audit"
     grep -q "done: 32 steps, 0 failures" "$d/out.txt" || fail "not 32 steps"
+    # The metrics report the script's optimizer's learning rate (SGD 0.05, halved by its StepLR each epoch), and
+    # no loss: Sinew does not see the script's loss tensor, and a zero would read as one.
+    "$python" - "$d/metrics.jsonl" <<'PY' || fail "the metrics' learning rate or loss"
+import json, sys
+steps = [e for e in map(json.loads, open(sys.argv[1])) if "lr" in e and "event" not in e]
+assert len(steps) == 4, f"{len(steps)} step records, expected 4 (every 8 of 32 steps)"
+for e in steps:
+    want = 0.05 if e["epoch"] == 0 else 0.025
+    assert abs(e["lr"] - want) < 1e-7 and e["loss"] is None, e
+print(f"metrics: lr {sorted({round(e['lr'], 6) for e in steps})} (the script's StepLR), loss null")
+PY
     ;;
   loop-shard)
     # --shard optimizer in the script's own loop, AdamW with two parameter groups: each rank holds its shards

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -253,8 +254,9 @@ void Job::release_params(const std::vector<Slice>& ranges) {
   impl_->session->release_params(ranges);
 }
 
-void Job::update(double loss) {
+void Job::update(double loss, double lr) {
   if (!impl_->driver) SINEW_THROW(InvalidArgument, "Job::update outside a step");
+  if (!std::isnan(lr)) impl_->session->report_lr(static_cast<float>(lr));
   if (impl_->driver->phase() == 1) reduce();
   impl_->driver->update(loss);
 }

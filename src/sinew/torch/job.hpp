@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -130,8 +131,9 @@ class Job {
   void gather_params(const std::vector<Slice>& ranges);
   void release_params(const std::vector<Slice>& ranges);
   /// The step's update (the algorithm, which calls the workload's optimiser) after reduce(); `loss` is this
-  /// rank's share of the step's mean loss (0: not known).
-  void update(double loss);
+  /// rank's share of the step's mean loss (NaN: not known); `lr`, if not NaN, the learning rate the metrics
+  /// report (a script's own optimizer's).
+  void update(double loss, double lr = std::numeric_limits<double>::quiet_NaN());
   /// The step begun and not yet updated (0: none; 1 begun; 2 reduced).
   [[nodiscard]] int phase() const noexcept;
   /// This rank's samples of the step `ahead` after the next at the current size (nothing: the epoch ends).

@@ -1,5 +1,6 @@
 #include "sinew/train/events.hpp"
 
+#include <cmath>
 #include <utility>
 
 namespace sinew::train {
@@ -26,7 +27,7 @@ json to_json(const StepEvent& e) {
   json j = {{"step", e.step},
             {"epoch", e.epoch},
             {"world_size", e.world_size},
-            {"loss", e.loss},
+            {"loss", std::isfinite(e.loss) ? json(e.loss) : json(nullptr)},  // null: not known
             {"lr", e.lr},
             {"samples_per_s", e.samples_per_s},
             {"step_ms", e.step_ms},

@@ -1,10 +1,12 @@
 #include "sinew/train/run_metrics.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <string>
 
 namespace sinew::train {
 
@@ -73,9 +75,10 @@ void RunMetrics::report(comm::Backend& backend, const comm::Options& op, const P
     last_progress_ = Clock::now();
     const double eta =
         (total_step_ms_ / static_cast<double>(total_steps_)) * static_cast<double>(at.steps_left) / 1e3;
-    spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {} ranks {:.0f} samples/s ETA {:.0f}s",
-                 at.epoch + 1, at.epochs, at.step, at.step + at.steps_left, mean_loss, at.lr, at.world_size,
-                 sps, eta);
+    // A script's own loop does not give its loss (NaN): the line leaves it out rather than print a zero.
+    const std::string loss = std::isfinite(mean_loss) ? fmt::format(" loss {:.4f}", mean_loss) : "";
+    spdlog::info("epoch {}/{} step {}/{}{} lr {:.4g} {} ranks {:.0f} samples/s ETA {:.0f}s", at.epoch + 1,
+                 at.epochs, at.step, at.step + at.steps_left, loss, at.lr, at.world_size, sps, eta);
   }
   window_ = {};
 }

@@ -368,6 +368,8 @@ struct Session::Impl {
     return std::vector<std::size_t>(b.indices.begin(), b.indices.end());
   }
 
+  std::optional<float> reported_lr;  // report_lr(): a script's optimizer's
+
   void end_step(double local_loss) {
     auto& f = fabric();
     const std::int64_t next = plan.step;
@@ -406,7 +408,7 @@ struct Session::Impl {
       spdlog::info("recovered: first step done {:.1f} ms after the failure was detected", recovery_ms);
     if (metrics.window_due(next, sampler.epoch_done())) {
       metrics.report(f.backend(), setup.op,
-                     {step(), sampler.epoch(), cfg.epochs, f.size(), f.rank(), plan.lr,
+                     {step(), sampler.epoch(), cfg.epochs, f.size(), f.rank(), reported_lr.value_or(plan.lr),
                       f.bucketer().last_exposed_ms(), steps_remaining()},
                      teacher_feed.active());
     }
@@ -584,6 +586,7 @@ std::span<const std::size_t> Session::micro_batch(std::size_t j) { return impl_-
 void Session::grad_ready(Slice range) { impl_->grad_ready(range, nullptr); }
 void Session::grad_ready(Slice range, CUevent_st* ready) { impl_->grad_ready(range, ready); }
 void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
+void Session::report_lr(float lr) { impl_->reported_lr = lr; }
 void Session::reduce() { impl_->reduce(); }
 std::vector<Slice> Session::sharded_gradients() const {
   std::vector<Slice> r;

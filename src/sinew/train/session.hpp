@@ -134,8 +134,12 @@ class Session {
   void grad_ready(Slice range, CUevent_st* ready);
   /// Ends the step: ranges never reported are zero-filled and reduced with --find-unused-parameters, or
   /// throw InvalidArgument naming them; waits for the reduction; the algorithm's update; the position
-  /// advances; metrics. `local_loss` is this rank's share of the step's mean loss. May throw CommFailure.
+  /// advances; metrics. `local_loss` is this rank's share of the step's mean loss (NaN: not known, the
+  /// metrics leave it out). May throw CommFailure.
   void end_step(double local_loss);
+  /// The learning rate the metrics and the progress line report from now on instead of the schedule's: a
+  /// script's own optimizer's (the schedule's is then a factor Sinew applies to it).
+  void report_lr(float lr);
   /// For a caller whose backward is over before it steps (the Python package's own loop, where `.grad`
   /// must hold the reduced gradient when backward() returns): does end_step()'s first part now, the
   /// unreported ranges and the wait for the reduction; end_step() then skips it. Idempotent within a step.
