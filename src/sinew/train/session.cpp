@@ -407,10 +407,12 @@ struct Session::Impl {
     if (recovery_ms >= 0 && f.rank() == 0)
       spdlog::info("recovered: first step done {:.1f} ms after the failure was detected", recovery_ms);
     if (metrics.window_due(next, sampler.epoch_done())) {
-      metrics.report(f.backend(), setup.op,
-                     {step(), sampler.epoch(), cfg.epochs, f.size(), f.rank(), reported_lr.value_or(plan.lr),
-                      f.bucketer().last_exposed_ms(), steps_remaining()},
-                     teacher_feed.active());
+      metrics.report(
+          f.backend(), setup.op,
+          {step(), sampler.epoch(), cfg.epochs, f.size(), f.rank(),
+           reported_lr ? *reported_lr * plan.lr : plan.lr,  // (plan.lr: then --lr-scaling's factor)
+           f.bucketer().last_exposed_ms(), steps_remaining()},
+          teacher_feed.active());
     }
   }
 

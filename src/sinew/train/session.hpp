@@ -137,8 +137,8 @@ class Session {
   /// advances; metrics. `local_loss` is this rank's share of the step's mean loss (NaN: not known, the
   /// metrics leave it out). May throw CommFailure.
   void end_step(double local_loss);
-  /// The learning rate the metrics and the progress line report from now on instead of the schedule's: a
-  /// script's own optimizer's (the schedule's is then a factor Sinew applies to it).
+  /// The learning rate the metrics and the progress line report from now on, times the schedule's: a
+  /// script's own optimizer's (the schedule's is then --lr-scaling's factor, which Sinew applies to it).
   void report_lr(float lr);
   /// For a caller whose backward is over before it steps (the Python package's own loop, where `.grad`
   /// must hold the reduced gradient when backward() returns): does end_step()'s first part now, the
