@@ -22,6 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sim.hpp"
+#include "sinew/core/error.hpp"
+#include "sinew/core/names.hpp"
 
 namespace po = boost::program_options;
 using nlohmann::json;
@@ -155,7 +157,9 @@ int run(int argc, char** argv) {
         "--optimizer-buffers, --shard-replicas, --reshard-ns-per-byte and --plan-ms must be >= 0");
   w.optimizer_buffers = optimizer_buffers;
   w.shard_replicas = shard_replicas;
-  w.shard_stage = shard_stage_from_name(shard_stage);
+  w.shard_stage = sinew::parse_name(sinew::train::kShardNames, shard_stage, "--shard-stage");
+  if (w.shard_stage == ShardStage::kNone)
+    throw std::invalid_argument("--shard-stage none: the unsharded job is --shard-replicas 0");
   if (units < 1) throw std::invalid_argument("--units must be >= 1");
   w.units = units;
   w.reshard_s_per_byte = reshard_ns_per_byte * 1e-9;
@@ -171,7 +175,7 @@ int run(int argc, char** argv) {
            {"compute_step_ms", w.compute_s * 1e3},
            {"optimizer_buffers", w.optimizer_buffers},
            {"shard_replicas", w.shard_replicas}};
-  if (w.sharded()) out["shard_stage"] = shard_stage_name(w.shard_stage);
+  if (w.sharded()) out["shard_stage"] = sinew::name_of(sinew::train::kShardNames, w.shard_stage);
   if (w.parameters_sharded()) out["units"] = w.units;
   if (what == "step") {
     const Algorithm a = algorithm_from_name(algorithm);
@@ -240,6 +244,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sinew-sim: %s; see sinew-sim %s --help\n", e.what(), argc > 1 ? argv[1] : "");
     return kBadInput;
   } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "sinew-sim: %s\n", e.what());
+    return kBadInput;
+  } catch (const sinew::InvalidArgument& e) {  // (Sinew's own parsers: --shard-stage)
     std::fprintf(stderr, "sinew-sim: %s\n", e.what());
     return kBadInput;
   } catch (const std::exception& e) {

@@ -371,25 +371,6 @@ std::string algorithm_name(Algorithm a) {
   return "?";
 }
 
-ShardStage shard_stage_from_name(const std::string& name) {
-  if (name == "optimizer") return ShardStage::kOptimizer;
-  if (name == "gradients") return ShardStage::kGradients;
-  if (name == "parameters") return ShardStage::kParameters;
-  throw std::invalid_argument("unknown shard stage '" + name + "'; use optimizer, gradients or parameters");
-}
-
-std::string shard_stage_name(ShardStage s) {
-  switch (s) {
-    case ShardStage::kOptimizer:
-      return "optimizer";
-    case ShardStage::kGradients:
-      return "gradients";
-    case ShardStage::kParameters:
-      return "parameters";
-  }
-  return "?";
-}
-
 Mode mode_from_name(const std::string& name) {
   if (name == "in-place") return Mode::kInPlace;
   if (name == "spare") return Mode::kSpare;

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sinew/train/config.hpp"
+
 namespace sinew::sim {
 
 /// A cluster (platforms/*.json): a fat tree of switches of `radix` ports, one rank per host (a GPU with
@@ -48,11 +50,9 @@ struct Platform {
 
 Platform load_platform(const nlohmann::json& j);
 
-/// What a sharded job shards (--shard): the optimiser's state (ZeRO-1), + the reduced gradients (ZeRO-2),
-/// + the parameters (ZeRO-3, PyTorch models).
-enum class ShardStage : std::uint8_t { kOptimizer, kGradients, kParameters };
-ShardStage shard_stage_from_name(const std::string& name);
-std::string shard_stage_name(ShardStage s);
+/// What a sharded job shards (Sinew's --shard, train/config.hpp): the optimiser's state (ZeRO-1), + the
+/// reduced gradients (ZeRO-2), + the parameters (ZeRO-3, PyTorch models).
+using train::ShardStage;
 
 /// What is trained (the Fashion-MNIST MLP of the calibration, or a larger model stated in the sweep).
 struct Workload {
