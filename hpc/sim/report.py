@@ -331,33 +331,27 @@ def shard_tables(sh):
                                f"{units['large']} units)")]:
         lines += [f"Step, {name}: time per step (ZeRO-1, 2: of it the gather after the update; ZeRO-3: the "
                   "waits for the units' gathers)", "", f"| ranks | {head} |", "|---:|" + "---:|" * len(cols)]
-        for n in ranks:
-            row = []
-            for st, r in cols:
-                x = step.get((large, n, st, r))
-                if x is None:
-                    row.append("")
-                elif st is None:
-                    row.append(fmt_ms(x["step_ms"]))
-                else:
-                    row.append(f"{fmt_ms(x['step_ms'])} ({fmt_ms(x['gather_ms'])})")
-            lines.append(f"| {n} | " + " | ".join(row) + " |")
+        def rows(cell):  # one line per rank count; cell(x, stage, replicas) for each column's record
+            for n in ranks:
+                xs = [(step.get((large, n, st, r)), st, r) for st, r in cols]
+                lines.append(f"| {n} | " + " | ".join("" if x is None else cell(x, n, st, r) for x, st, r in xs)
+                             + " |")
+
+        def step_cell(x, n, st, r):
+            return fmt_ms(x["step_ms"]) if st is None else f"{fmt_ms(x['step_ms'])} ({fmt_ms(x['gather_ms'])})"
+
+        def bytes_cell(x, n, st, r):
+            cell = fmt_mb(x["bytes_per_rank"])
+            one = step.get((large, n, st, 1))
+            if r == 2 and one:
+                cell += f" ({x['bytes_per_rank'] - one['bytes_per_rank']:+.3g} B, " \
+                        f"{x['step_ms'] - one['step_ms']:+.3g} ms)"
+            return cell
+
+        rows(step_cell)
         lines += ["", f"Bytes sent per rank and step (as Sinew's metrics count them), {name}; R = 2 against R = 1",
                   "", f"| ranks | {head} |", "|---:|" + "---:|" * len(cols)]
-        for n in ranks:
-            row = []
-            for st, r in cols:
-                x = step.get((large, n, st, r))
-                if x is None:
-                    row.append("")
-                    continue
-                cell = fmt_mb(x["bytes_per_rank"])
-                one = step.get((large, n, st, 1))
-                if r == 2 and one:
-                    cell += f" ({x['bytes_per_rank'] - one['bytes_per_rank']:+.3g} B, " \
-                            f"{x['step_ms'] - one['step_ms']:+.3g} ms)"
-                row.append(cell)
-            lines.append(f"| {n} | " + " | ".join(row) + " |")
+        rows(bytes_cell)
         lines.append("")
     lines += ["Memory per rank, bytes per parameter (parameters, gradients, Adam's state; ZeRO-3: steady, and with "
               "one unit of the MLP / the ResNet-50-sized model whole)", "", f"| ranks | {head} |",
