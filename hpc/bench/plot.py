@@ -9,7 +9,7 @@ line pair per rank count), OUT_DIR/train_step.png (step time, Sinew vs PyTorch D
 OUT_DIR/checkpoint_vs_dd.png (checkpoint write and restore throughput as a multiple of dd's, local disk
 and GlusterFS; hpc/bench/checkpoint_bench.sh) and OUT_DIR/torch_vs_ddp.png (PyTorch models, Sinew against
 DDP: step time, peak memory, communication hidden behind backward; hpc/bench/torch_bench.py) and
-OUT_DIR/shard_torch.png (sharded state on a transformer: training memory per rank as a multiple of DDP's, step
+OUT_DIR/shard_torch.png (sharded state on a transformer: peak RSS and training memory per rank as multiples of DDP's, step
 time as a multiple of FSDP2's; hpc/bench/shard_torch_bench.py).
 """
 import argparse
@@ -104,8 +104,9 @@ def main():
         rows = {k: v for k, v in s["rows"].items() if "error" not in v}
         ddp, fsdp = rows["ddp"], rows["fsdp2"]
         names = list(rows)
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
         for ax, (values, ref, title, target) in zip(axes, [
+                ([rows[n]["rss_mb"] / ddp["rss_mb"] for n in names], "DDP", "peak RSS per rank", (0.55, 0.35)),
                 ([rows[n]["state_mb"] / ddp["state_mb"] for n in names], "DDP",
                  "training memory per rank (peak less the libraries')", (0.55, 0.35)),
                 ([rows[n]["step_ms"] / fsdp["step_ms"] for n in names], "FSDP2", "median step time", (1.1,))]):

@@ -16,8 +16,9 @@ synthetic token batches, one torch thread per rank) as the script's own loop, ea
   sinew-g1, sinew-g2   --shard gradients (ZeRO-2: the gradients reduce-scattered to the holders), R = 1 and 2;
   sinew-p1, sinew-p2   --shard parameters (ZeRO-3), the same units as FSDP2's (job.wrap(units=[embedding, *layers])),
              R = 1 and 2.
-Reports the peak resident memory per rank (the largest over the ranks), as a ratio of DDP's, and the median step
-time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
+Reports the peak resident memory per rank (the largest over the ranks), over the whole run and until the last
+step (Sinew's sharded parameters are gathered whole when job.epochs() ends, for the script's use after training),
+as a ratio of DDP's, and the median step time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
 left out. Writes shard_torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
 """
 import argparse
@@ -88,6 +89,7 @@ def worker(a):
     x = torch.randint(0, a.vocab, (total * a.batch * size, SEQ), generator=g)
     y = torch.randint(0, 10, (len(x),), generator=g)
     times = []
+    in_training = []
 
     def timed_loop(model, opt, batches):
         for xb, yb in batches:
@@ -96,6 +98,9 @@ def worker(a):
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
             times.append((time.perf_counter() - t) * 1e3)
+        # The peak so far: training's, before what ends it (Sinew's end of job.epochs() gathers a model with
+        # sharded parameters whole, for what the script does after training; DDP's is whole all along).
+        in_training.append(rss_mb())
 
     if a.worker in ("ddp", "zero", "fsdp2"):
         import torch.distributed as dist
@@ -124,7 +129,8 @@ def worker(a):
         timed_loop(model, opt, batches)
         dist.barrier()
         dist.destroy_process_group()
-        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "base_mb": base}
+        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "train_rss_mb": in_training[-1],
+               "base_mb": base}
     else:
         import sinew
         from torch.utils.data import DataLoader, TensorDataset
@@ -146,7 +152,8 @@ def worker(a):
         for _ in job.epochs(1):
             timed_loop(model, opt, loader)
         rank = job.rank
-        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "base_mb": base}
+        out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "train_rss_mb": in_training[-1],
+               "base_mb": base}
     with open(os.path.join(a.dir, f"result-{a.worker}-{rank}.json"), "w") as f:
         json.dump(out, f)
     return 0
@@ -174,6 +181,7 @@ def launch(a, way, d):
         return {"error": (lines[-1] if lines else f"exit {out.returncode}")[:300]}
     return {"step_ms": statistics.median(t for r in res for t in r["step_ms"]),
             "rss_mb": max(r["rss_mb"] for r in res),
+            "train_rss_mb": max(r["train_rss_mb"] for r in res),
             "state_mb": max(r["rss_mb"] - r["base_mb"] for r in res)}
 
 
@@ -206,21 +214,23 @@ def main():
     print(f"\ntransformer {a.layers}x{a.width}, vocab {a.vocab}: {params / 1e6:.1f} M parameters, AdamW, "
           f"{a.ranks} ranks, batch {a.batch}x{SEQ} tokens per rank, torch {torch.__version__}")
     fsdp = rows.get("fsdp2", {})
-    print("peak RSS: the largest rank's; training memory: its peak RSS less its RSS before the model was built "
-          "(torch, the process group: the same libraries whatever the way)")
-    print(f"{'':10}{'peak RSS MB':>12}{'x DDP':>7}{'training MB':>12}{'x DDP':>7}{'step ms':>9}{'x DDP':>7}"
-          f"{'x FSDP2':>8}")
+    print("peak RSS: the largest rank's, over the whole run and until the last step (in training); training memory: "
+          "its peak RSS less its RSS before the model was built (torch, the process group: the same libraries "
+          "whatever the way)")
+    print(f"{'':10}{'peak RSS MB':>12}{'x DDP':>7}{'in training':>12}{'x DDP':>7}{'training MB':>12}{'x DDP':>7}"
+          f"{'step ms':>9}{'x DDP':>7}{'x FSDP2':>8}")
     nan = float("nan")
     for way, r in rows.items():
         if "error" in r:
             print(f"{way:10}  could not run here: {r['error']}")
             continue
         rx = r["rss_mb"] / base["rss_mb"] if "rss_mb" in base else nan
+        ix = r["train_rss_mb"] / base["train_rss_mb"] if "train_rss_mb" in base else nan
         tx = r["state_mb"] / base["state_mb"] if "state_mb" in base else nan
         sx = r["step_ms"] / base["step_ms"] if "step_ms" in base else nan
         fx = r["step_ms"] / fsdp["step_ms"] if "step_ms" in fsdp else nan
-        print(f"{way:10}{r['rss_mb']:12.0f}{rx:7.2f}{r['state_mb']:12.0f}{tx:7.2f}{r['step_ms']:9.0f}{sx:7.2f}"
-              f"{fx:8.2f}")
+        print(f"{way:10}{r['rss_mb']:12.0f}{rx:7.2f}{r['train_rss_mb']:12.0f}{ix:7.2f}{r['state_mb']:12.0f}{tx:7.2f}"
+              f"{r['step_ms']:9.0f}{sx:7.2f}{fx:8.2f}")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "shard_torch_bench.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "params": params, "ranks": a.ranks,

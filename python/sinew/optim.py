@@ -162,6 +162,11 @@ def _gate(opt, work, named_params, own_loop, step_gate, real_step):
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")
 
 
+# The largest piece of a parameter a sharded optimizer steps at once (elements; 4 MiB of float32). The update is
+# element-wise (ELEMENTWISE), so pieces change no bit of it.
+STEP_CHUNK = 1 << 20
+
+
 def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
     """--shard optimizer: `opt` is the script's settings, never stepped; Sinew makes an optimizer of its class per
     shard it holds, over views of that range of the flat buffers, with state for that range only (ZeRO-1)."""
@@ -191,12 +196,13 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
         for _, p in positions:
             at = (p.data_ptr() - base) // flat.element_size()
             lo, hi = max(at, offset), min(at + p.numel(), offset + count)
-            if hi <= lo:
-                continue
-            q = torch.nn.Parameter(flat.new_empty(0))
-            q.data = flat[lo:hi]  # the optimizer's in-place update writes the flat buffer
-            q.grad = grads[lo:hi]
-            pieces.setdefault(group_of[id(p)], []).append((q, lo))
+            # Pieces of at most STEP_CHUNK elements: a step's temporaries (Adam's denominator: two of the piece's
+            # size) are then a few MB, not twice a language model's embedding (the peak of a sharded step).
+            for c in range(lo, hi, STEP_CHUNK):
+                q = torch.nn.Parameter(flat.new_empty(0))
+                q.data = flat[c:min(c + STEP_CHUNK, hi)]  # the optimizer's in-place update writes the flat buffer
+                q.grad = grads[c:min(c + STEP_CHUNK, hi)]
+                pieces.setdefault(group_of[id(p)], []).append((q, c))
         state = [(k, bufs[k]) for k in shaped]
         if not pieces:  # an empty shard (fewer elements than ranks)
             return state, lambda x: None, lambda: 0, lambda n: None

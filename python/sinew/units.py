@@ -112,6 +112,9 @@ class Units:
         # gradient summed by index, the weight plays no part. They are not gathered again for backward (a
         # language model's largest unit, vocabulary x width: its memory and its all-gather saved each step).
         self.weightless_backward = [_weightless_backward(u) for u in units]
+        # Their gradient is also written where it is kept, the rows of this step's indices only (see _IndexedGrad).
+        self.flat_grads = model._work.flat_grads
+        self.indexed_grads = 0  # backward passes that wrote an embedding's gradient in place
         self.resident = set()  # unit indices gathered now; -1 the root
         self.failed = None     # a CommFailure seen inside backward (raised to the loop when backward ends)
         self.handles = []
@@ -197,6 +200,8 @@ class Units:
     def _post_forward(self, i):
         def hook(module, args, output):
             if torch.is_grad_enabled() and self.active():
+                if self.weightless_backward[i] and module.weight.requires_grad and not module.scale_grad_by_freq:
+                    output = _IndexedGrad.apply(output.detach(), args[0], module.weight, module.padding_idx, self)
                 fired = [False]
 
                 def pre_backward(grad):
@@ -213,7 +218,46 @@ class Units:
                     if t.requires_grad:
                         t.register_hook(pre_backward)
             self._release(i)
+            return output
         return hook
+
+
+class _IndexedGrad(torch.autograd.Function):
+    """An nn.Embedding's output whose backward adds the output's gradient into the rows of the weight's gradient
+    that this step's indices name, where the gradient is kept (the flat buffer's range, .grad's view), instead
+    of torch's: that one makes a dense vocabulary x width tensor and adds it to .grad, so a step held the
+    gradient twice and wrote every page of it. Here only the rows used take memory until the reduce-scatter
+    (the rest of the range reads as zero), and the sums are torch's: in the order of the indices, onto zero.
+
+    The weight's .grad is handed back as its own gradient with .grad set to None, so that autograd's
+    accumulation takes the tensor as it is (no copy) and its hooks run as for any parameter. Where .grad is not
+    the flat buffer's view (a script replaced it), the gradient is torch's dense one."""
+
+    @staticmethod
+    def forward(ctx, output, indices, weight, padding_idx, units):
+        ctx.save_for_backward(indices)
+        ctx.weight, ctx.padding_idx, ctx.units = weight, padding_idx, units
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (indices,) = ctx.saved_tensors
+        weight = ctx.weight
+        rows = grad_output.reshape(-1, weight.shape[1])
+        idx = indices.reshape(-1)
+        if ctx.padding_idx is not None:  # torch's: the padding row gets no gradient
+            keep = idx != ctx.padding_idx
+            idx, rows = idx[keep], rows[keep]
+        grad = weight.grad
+        flat = ctx.units.flat_grads
+        start = flat.data_ptr()
+        end = start + flat.numel() * flat.element_size()
+        if grad is None or not (start <= grad.data_ptr() < end) or not grad.is_contiguous():
+            return None, None, torch.zeros_like(weight).index_add_(0, idx, rows), None, None
+        grad.index_add_(0, idx, rows.to(grad.dtype))
+        weight.grad = None
+        ctx.units.indexed_grads += 1
+        return None, None, grad, None, None
 
 
 def _weightless_backward(module):

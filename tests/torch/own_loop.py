@@ -272,6 +272,8 @@ def main():
     if args.model == "embed" and job.rank == 0:
         print(f"[own_loop] units gathered again for backward: {', '.join(sorted(backward_gathers)) or 'none'}",
               flush=True)
+        if getattr(model, "_units", None) is not None:
+            print(f"[own_loop] embedding gradients written in place: {model._units.indexed_grads}", flush=True)
     if cgroup is not None:
         peak = job.all_reduce(cgroup.peak(), op="max")
         if job.rank == 0:

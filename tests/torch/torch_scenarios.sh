@@ -28,8 +28,9 @@
 #                      rank 0, of a rank in its update, of two ranks, of a replica holder during the recovery:
 #                      in place, audit exact, the failure-free parameters; clipping; a checkpoint of sharded
 #                      parameters read by h5py and resumed at 3 ranks (ZeRO-1) and 2 (unsharded)
-#   loop-zero3-more    --shard parameters: an nn.Embedding unit not gathered for backward, bit for bit the whole
-#                      state; with bytegrad bit for bit --shard gradients with bytegrad, also after a kill -9
+#   loop-zero3-more    --shard parameters: an nn.Embedding unit not gathered for backward, its gradient written in
+#                      place, bit for bit the whole state; with bytegrad bit for bit --shard gradients with
+#                      bytegrad, also after a kill -9
 #   loop-memlimit      a model over the per-rank memory limit (a cgroup per rank): unsharded it fails at start
 #                      naming the stage it needs; shard="parameters" trains within it and survives a kill -9
 #   loop-kill          kill -9 of a rank in forward, backward and the optimizer's step (2 DataLoader workers),
@@ -540,6 +541,8 @@ PY
     loop 4 180 --model embed --optimizer adamw --out "$d/e-p.pt" -- "${lcommon[@]}" --shard parameters \
       || fail "embed: exit $?"
     grep -q "units gathered again for backward: Linear$" "$d/out.txt" || fail "embed: the embedding was gathered"
+    # Its gradient is added into the rows the step's indices name, where it is kept (no dense tensor beside it).
+    grep -q "embedding gradients written in place: [1-9]" "$d/out.txt" || fail "embed: a dense embedding gradient"
     compare_loop "$d/e-whole.pt" "$d/e-p.pt" 0 || fail "embed: differs from the whole state"
     # ByteGrad with sharded parameters: the same quantised reduce-scatter of the same buckets as with sharded
     # gradients, so bit for bit the ZeRO-2 run with bytegrad (and not the exact run's bits); a kill -9 of rank 0
