@@ -1,9 +1,13 @@
 // sinew-train: elastic data-parallel training. Thin: parse options, start MPI, run the trainer.
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "common.hpp"
 #include "sinew/core/error.hpp"
@@ -53,8 +57,10 @@ int main(int argc, char** argv) {
       const auto s = trainer.run();
       if (!s.left && trainer.rank() == 0) {
         if (!s.below_min_ranks) {
-          spdlog::info("done: {} steps, {} epochs, test accuracy {:.2f}%, {:.0f} samples/s, {:.1f} s",
-                       s.steps, s.epochs, 100 * s.test_accuracy, s.samples_per_s, s.wall_s);
+          const std::string acc = std::isnan(s.test_accuracy) ? std::string("not evaluated")
+                                                              : fmt::format("{:.2f}%", 100 * s.test_accuracy);
+          spdlog::info("done: {} steps, {} epochs, test accuracy {}, {:.0f} samples/s, {:.1f} s", s.steps,
+                       s.epochs, acc, s.samples_per_s, s.wall_s);
         }
         if (s.stopped_by_signal != 0) {
           spdlog::warn("stopped by signal {} after a checkpoint; relaunch with --resume auto to continue",

@@ -61,18 +61,21 @@ def main():
         problems.append("no 'done' event: the run did not finish")
     else:
         d = done[-1]
-        print(f"done: test accuracy {100 * d['test_accuracy']:.2f}%, {d['steps']} steps, world size "
+        acc = "not evaluated" if d["test_accuracy"] is None else f"{100 * d['test_accuracy']:.2f}%"
+        print(f"done: test accuracy {acc}, {d['steps']} steps, world size "
               f"{d['world_size']}, failures seen by rank 0: {d.get('failures')}")
+        if d["test_accuracy"] is None and (a.reference or a.write_reference):
+            problems.append("the run ended without an evaluation (test_accuracy null): nothing to compare")
         if a.final_world_size is not None and d["world_size"] != a.final_world_size:
             problems.append(f"final world size {d['world_size']}, expected {a.final_world_size}")
-        if a.reference:
+        if a.reference and d["test_accuracy"] is not None:
             ref = float(open(a.reference).read().strip())
             gap = 100 * (ref - d["test_accuracy"])
             print(f"reference accuracy {100 * ref:.2f}%, this run {gap:+.2f} points below (tolerance {a.tolerance})")
             if gap > a.tolerance:
                 problems.append(f"test accuracy {100 * d['test_accuracy']:.2f}% is {gap:.2f} points below the "
                                 f"failure-free {100 * ref:.2f}% (tolerance {a.tolerance})")
-        if a.write_reference:
+        if a.write_reference and d["test_accuracy"] is not None:
             with open(a.write_reference, "w") as f:
                 f.write(f"{d['test_accuracy']}\n")
     if a.failures is not None and counts.get("failure", 0) != a.failures:

@@ -407,7 +407,11 @@ assert len(steps) == 4, f"{len(steps)} step records, expected 4 (every 8 of 32 s
 for e in steps:
     want = 0.05 if e["epoch"] == 0 else 0.025
     assert abs(e["lr"] - want) < 1e-7 and e["loss"] is None, e
-print(f"metrics: lr {sorted({round(e['lr'], 6) for e in steps})} (the script's StepLR), loss null")
+done = [e for e in map(json.loads, open(sys.argv[1])) if e.get("event") == "done"]
+# Sinew did not evaluate the model (the script does): no accuracy, not a 0.
+assert len(done) == 1 and done[0]["test_accuracy"] is None and done[0]["test_loss"] is None, done
+print(f"metrics: lr {sorted({round(e['lr'], 6) for e in steps})} (the script's StepLR), loss null, "
+      "test accuracy null")
 PY
     ;;
   loop-shard)

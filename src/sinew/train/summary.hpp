@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -11,8 +12,10 @@ namespace sinew::train {
 
 /// Rank 0's view of a run; the agreed values are the same on every rank.
 struct Summary {
-  double test_accuracy = 0;
-  double test_loss = 0;
+  /// NaN (null in JSON, None in Python) until Sinew evaluated the model: a script's own loop evaluates
+  /// itself.
+  double test_accuracy = std::numeric_limits<double>::quiet_NaN();
+  double test_loss = std::numeric_limits<double>::quiet_NaN();
   double train_loss = 0;  ///< the mean loss of the last metrics window
   std::int64_t steps = 0;
   int epochs = 0;
