@@ -188,6 +188,79 @@ TEST(NcclFake, BootstrapAndCollectives) {
   EXPECT_EQ(api.comms_aborted(), 0);  // the destructor finalized and destroyed it
 }
 
+// The collectives of sharded state (train/shards.hpp) over NCCL: the reduce-scatter of a gradient bucket to
+// the shards' owners and the all-gather of the parameters' shards, for blocks of equal counts (NCCL's own
+// collectives) and for uneven ones with an empty block (a group of ncclReduce / ncclBroadcast per block).
+TEST(NcclFake, ReduceScatterAndAllgatherOfShards) {
+  const Deadline deadline(std::chrono::seconds(30), test_name());
+  const auto group = Group::over(live());
+  MpiBackend view(group.comm());
+  FakeApi api;
+  const int n = view.size(), me = view.rank();
+  const auto nu = static_cast<std::size_t>(n);
+  const auto mu = static_cast<std::size_t>(me);
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  {
+    NcclBackend nccl(view, api);
+    const auto ops = [&] {
+      std::vector<std::string> out;
+      for (const auto& e : api.journal()) out.push_back(e.op);
+      api.clear_journal();
+      return out;
+    };
+    const auto offset_of = [](const std::vector<std::size_t>& counts, std::size_t k) {
+      return std::accumulate(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(k), std::size_t{0});
+    };
+    // Element i of rank r's input is (r + 1) i: the reduction of element i is ranks_sum * i.
+    for (const bool uneven : {false, true}) {
+      std::vector<std::size_t> counts(nu, 3);
+      if (uneven) {
+        for (std::size_t k = 0; k < nu; ++k) counts[k] = k;  // block 0 empty, the others 1, 2, ...
+      }
+      const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+      std::vector<float> in(total);
+      for (std::size_t i = 0; i < total; ++i) in[i] = static_cast<float>(me + 1) * static_cast<float>(i);
+      const std::vector<float> kept = in;
+      std::vector<float> out(counts[mu], -1.F);
+      api.clear_journal();
+      nccl.reduce_scatter(Buffer::of(std::span(in)), Buffer::of(std::span(out)), counts, ReduceOp::kSum, {})
+          ->wait(std::chrono::seconds(10));
+      const std::size_t at = offset_of(counts, mu);
+      for (std::size_t j = 0; j < out.size(); ++j)
+        ASSERT_FLOAT_EQ(out[j], ranks_sum * static_cast<float>(at + j)) << "uneven " << uneven << " at " << j;
+      EXPECT_EQ(in, kept);  // the input is not written
+      EXPECT_EQ(ops(), uneven ? std::vector<std::string>(nu - 1, "reduce")
+                              : std::vector<std::string>{"reduce_scatter"});
+
+      // All-gather in place: each rank holds only its own block (100 r + j), the rest -1.
+      std::vector<std::int32_t> buf(total, -1);
+      for (std::size_t j = 0; j < counts[mu]; ++j) buf[at + j] = 100 * me + static_cast<int>(j);
+      nccl.allgather_v(Buffer::of(std::span(buf)), counts, {})->wait(std::chrono::seconds(10));
+      for (std::size_t k = 0; k < nu; ++k) {
+        for (std::size_t j = 0; j < counts[k]; ++j)
+          ASSERT_EQ(buf[offset_of(counts, k) + j], 100 * static_cast<int>(k) + static_cast<int>(j)) << k << j;
+      }
+      EXPECT_EQ(ops(), uneven ? std::vector<std::string>(nu - 1, "broadcast")
+                              : std::vector<std::string>{"allgather"});
+    }
+    // Counts that do not cut the buffer into one block per rank are refused before anything is enqueued.
+    std::vector<float> x(4 * nu), y(4);
+    const std::vector<std::size_t> short_counts(nu - 1, 4), long_counts(nu, 5);
+    EXPECT_THROW(nccl.reduce_scatter(Buffer::of(std::span(x)), Buffer::of(std::span(y)), short_counts,
+                                     ReduceOp::kSum, {}),
+                 InvalidArgument);
+    EXPECT_THROW(nccl.allgather_v(Buffer::of(std::span(x)), long_counts, {}), InvalidArgument);
+    const std::vector<std::size_t> fours(nu, 4);
+    std::vector<float> wrong(3);
+    EXPECT_THROW(nccl.reduce_scatter(Buffer::of(std::span(x)), Buffer::of(std::span(wrong)), fours,
+                                     ReduceOp::kSum, {}),
+                 InvalidArgument);
+    EXPECT_TRUE(api.journal().empty());
+  }
+  view.barrier_sync();
+  expect_clean(api);
+}
+
 TEST(NcclFake, AbortEndsPendingAndLaterOperations) {
   const Deadline deadline(std::chrono::seconds(30), test_name());
   const auto group = Group::over(live());
@@ -463,6 +536,46 @@ TEST(NcclFakeFailure, KilledPeerThatNcclNeverReportsEndsByTheMpiView) {
     EXPECT_TRUE(e.message().find("rank(s) 1 of the MPI view died") != std::string::npos ||
                 e.message().find("revoked the MPI view") != std::string::npos)
         << e.message();
+  }
+  EXPECT_LT(Clock::now() - start, kMustDetectWithin);
+  EXPECT_TRUE(nccl->aborted());
+  recover_and_check(group, view, nccl, api, n);
+#else
+  GTEST_SKIP() << kNeedsUlfm;
+#endif
+}
+
+TEST(NcclFakeFailure, KilledPeerInAReduceScatterOfShards) {
+#if SINEW_HAVE_ULFM
+  if (!mpi::ulfm_enabled()) GTEST_SKIP() << kNeedsUlfm;
+  const Deadline deadline(std::chrono::seconds(50), test_name());
+  auto group = Group::over(live());
+  const int n = group.size();
+  ASSERT_GE(n, 3);
+  FakeApi api;  // NCCL reports the remote error
+  auto view = std::make_unique<MpiBackend>(group.comm());
+  auto nccl = std::make_unique<NcclBackend>(*view, api);
+  // Uneven blocks (a group of ncclReduce, one per shard): the survivors' group must end, not wait.
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = k + 1;
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  std::vector<float> in(total, 1.0F), out(counts[static_cast<std::size_t>(group.rank())]);
+  nccl->reduce_scatter(Buffer::of(std::span(in)), Buffer::of(std::span(out)), counts, ReduceOp::kSum, {})
+      ->wait(kOpTimeout);  // healthy first
+  EXPECT_EQ(out, std::vector<float>(out.size(), static_cast<float>(n)));
+  if (group.rank() == kVictim) kill_self_soon();
+
+  const auto start = Clock::now();
+  try {
+    nccl->reduce_scatter(Buffer::of(std::span(in)), Buffer::of(std::span(out)), counts, ReduceOp::kSum,
+                         {kOpTimeout})
+        ->wait(kOpTimeout);
+    ADD_FAILURE() << "the reduce-scatter completed without the killed rank";
+  } catch (const Timeout& e) {
+    ADD_FAILURE() << "a dead peer was noticed only at the deadline: " << e.what();
+  } catch (const CommFailure& e) {
+    std::printf("[rank %d] CommFailure: %s\n", group.rank(), e.message().c_str());
+    EXPECT_NE(e.message().find("reduce_scatter"), std::string::npos) << e.message();
   }
   EXPECT_LT(Clock::now() - start, kMustDetectWithin);
   EXPECT_TRUE(nccl->aborted());

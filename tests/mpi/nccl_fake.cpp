@@ -151,7 +151,18 @@ struct FakeApi::Comm {
 };
 
 struct FakeApi::Op {
-  enum class Kind : std::uint8_t { kAllReduce, kBroadcast, kAllGather, kSend, kRecv, kWait, kMemset, kHold };
+  enum class Kind : std::uint8_t {
+    kAllReduce,
+    kBroadcast,
+    kAllGather,
+    kReduce,
+    kReduceScatter,
+    kSend,
+    kRecv,
+    kWait,
+    kMemset,
+    kHold
+  };
   Kind kind = Kind::kAllReduce;
   Comm* comm = nullptr;
   const void* in = nullptr;
@@ -159,7 +170,7 @@ struct FakeApi::Op {
   std::size_t count = 0;
   ncclDataType_t type = ncclFloat32;
   ncclRedOp_t red = ncclSum;
-  int root = 0;  // broadcast root; peer of send/recv; memset value
+  int root = 0;  // broadcast and reduce root; peer of send/recv; memset value
   std::uint64_t seq = 0;
   bool posted = false;
   Stream* wait_on = nullptr;
@@ -365,6 +376,23 @@ bool FakeApi::step(Op& op, int depth) {
     case Op::Kind::kBroadcast:
       std::memcpy(op.out, Comm::data(c.coll_slot(op.root, op.seq)), bytes);
       break;
+    case Op::Kind::kReduce:
+      if (c.rank == op.root) {  // in rank order, as the allreduce
+        std::memcpy(op.out, Comm::data(c.coll_slot(0, op.seq)), bytes);
+        for (int r = 1; r < c.nranks; ++r)
+          combine(op.out, Comm::data(c.coll_slot(r, op.seq)), op.count, op.type, op.red);
+      }
+      break;
+    case Op::Kind::kReduceScatter: {
+      // Each rank posted its nranks blocks of op.count; this rank's block, summed in rank order.
+      const std::size_t block = bytes / static_cast<std::size_t>(c.nranks);
+      const std::size_t at = static_cast<std::size_t>(c.rank) * block;
+      const std::size_t n = op.count / static_cast<std::size_t>(c.nranks);
+      std::memcpy(op.out, Comm::data(c.coll_slot(0, op.seq)) + at, block);
+      for (int r = 1; r < c.nranks; ++r)
+        combine(op.out, Comm::data(c.coll_slot(r, op.seq)) + at, n, op.type, op.red);
+      break;
+    }
     default:  // allgather
       for (int r = 0; r < c.nranks; ++r) {
         std::memcpy(static_cast<std::byte*>(op.out) + static_cast<std::size_t>(r) * bytes,
@@ -395,11 +423,13 @@ ncclResult_t FakeApi::enqueue(Op op, cudaStream_t stream) {
     e.kind = op.kind == Op::Kind::kSend   ? JournalEntry::Kind::kSend
              : op.kind == Op::Kind::kRecv ? JournalEntry::Kind::kRecv
                                           : JournalEntry::Kind::kCollective;
-    e.op = op.kind == Op::Kind::kAllReduce   ? "allreduce"
-           : op.kind == Op::Kind::kBroadcast ? "broadcast"
-           : op.kind == Op::Kind::kAllGather ? "allgather"
-           : op.kind == Op::Kind::kSend      ? "send"
-                                             : "recv";
+    e.op = op.kind == Op::Kind::kAllReduce       ? "allreduce"
+           : op.kind == Op::Kind::kBroadcast     ? "broadcast"
+           : op.kind == Op::Kind::kAllGather     ? "allgather"
+           : op.kind == Op::Kind::kReduce        ? "reduce"
+           : op.kind == Op::Kind::kReduceScatter ? "reduce_scatter"
+           : op.kind == Op::Kind::kSend          ? "send"
+                                                 : "recv";
     e.data = op.kind == Op::Kind::kSend ? op.in : op.out;
     e.count = op.count;
     e.stream = stream;
@@ -465,6 +495,42 @@ ncclResult_t FakeApi::all_gather(const void* in, void* out, std::size_t count, n
   o.out = out;
   o.count = count;
   o.type = type;
+  return enqueue_collective(o, stream);
+}
+
+ncclResult_t FakeApi::reduce(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                             ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  Comm* c = comm_of(comm, "ncclReduce");
+  if (c == nullptr) return ncclInvalidUsage;
+  if (op != ncclSum && op != ncclMax && op != ncclMin) return ncclInvalidArgument;
+  if (root < 0 || root >= c->nranks) return ncclInvalidArgument;
+  Op o;
+  o.kind = Op::Kind::kReduce;
+  o.comm = c;
+  o.in = in;
+  o.out = out;
+  o.count = count;
+  o.type = type;
+  o.red = op;
+  o.root = root;
+  return enqueue_collective(o, stream);
+}
+
+ncclResult_t FakeApi::reduce_scatter(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  Comm* c = comm_of(comm, "ncclReduceScatter");
+  if (c == nullptr) return ncclInvalidUsage;
+  if (op != ncclSum && op != ncclMax && op != ncclMin) return ncclInvalidArgument;
+  Op o;
+  o.kind = Op::Kind::kReduceScatter;
+  o.comm = c;
+  o.in = in;
+  o.out = out;
+  o.count = count * static_cast<std::size_t>(c->nranks);  // what this rank contributes: every block
+  o.type = type;
+  o.red = op;
   return enqueue_collective(o, stream);
 }
 

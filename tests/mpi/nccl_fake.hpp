@@ -12,8 +12,9 @@
 // NCCL's non-blocking semantics are kept where the backend relies on them:
 //   - comm_init_rank_config returns at once; comm_get_async_error says ncclInProgress until all nranks
 //     attached, then ncclSuccess (only non-blocking configurations are accepted);
-//   - a collective (allreduce sum/max/min of every NCCL type, broadcast, allgather) completes when every
-//     rank posted it; send is eager (buffered), recv completes when the message is there;
+//   - a collective (allreduce, reduce and reduce-scatter with sum/max/min of every NCCL type, broadcast,
+//     allgather) completes when every rank posted it; send is eager (buffered), recv completes when the
+//     message is there;
 //   - a member that died (its pid, registered in the segment, no longer exists) makes comm_get_async_error
 //     report ncclRemoteError a short while after an operation started waiting for it
 //     (DeadPeer::kRemoteError), or nothing at all, the operation simply never completing
@@ -65,7 +66,8 @@ class FakeApi final : public Api {
   struct JournalEntry {
     enum class Kind : std::uint8_t { kCollective, kSend, kRecv, kStreamWait };
     Kind kind = Kind::kCollective;
-    std::string op;  ///< "allreduce", "broadcast", "allgather", "send", "recv", "wait"
+    std::string
+        op;  ///< "allreduce", "broadcast", "allgather", "reduce", "reduce_scatter", "send", "recv", "wait"
     const void* data = nullptr;
     std::size_t count = 0;
     cudaStream_t stream = nullptr;
@@ -96,6 +98,10 @@ class FakeApi final : public Api {
                          ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t all_gather(const void* in, void* out, std::size_t count, ncclDataType_t type, ncclComm_t comm,
                           cudaStream_t stream) override;
+  ncclResult_t reduce(const void* in, void* out, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
+                      int root, ncclComm_t comm, cudaStream_t stream) override;
+  ncclResult_t reduce_scatter(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t send(const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                     cudaStream_t stream) override;
   ncclResult_t recv(void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,

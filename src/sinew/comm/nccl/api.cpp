@@ -40,6 +40,8 @@ class RealApi final : public Api {
       resolve(all_reduce_, "ncclAllReduce");
       resolve(broadcast_, "ncclBroadcast");
       resolve(all_gather_, "ncclAllGather");
+      resolve(reduce_, "ncclReduce");
+      resolve(reduce_scatter_, "ncclReduceScatter");
       resolve(send_, "ncclSend");
       resolve(recv_, "ncclRecv");
       resolve(group_start_, "ncclGroupStart");
@@ -92,6 +94,14 @@ class RealApi final : public Api {
   ncclResult_t all_gather(const void* in, void* out, std::size_t count, ncclDataType_t type, ncclComm_t comm,
                           cudaStream_t stream) override {
     return all_gather_(in, out, count, type, comm, stream);
+  }
+  ncclResult_t reduce(const void* in, void* out, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
+                      int root, ncclComm_t comm, cudaStream_t stream) override {
+    return reduce_(in, out, count, type, op, root, comm, stream);
+  }
+  ncclResult_t reduce_scatter(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override {
+    return reduce_scatter_(in, out, count, type, op, comm, stream);
   }
   ncclResult_t send(const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                     cudaStream_t stream) override {
@@ -159,6 +169,10 @@ class RealApi final : public Api {
                              cudaStream_t) = nullptr;
   ncclResult_t (*all_gather_)(const void*, void*, std::size_t, ncclDataType_t, ncclComm_t,
                               cudaStream_t) = nullptr;
+  ncclResult_t (*reduce_)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                          cudaStream_t) = nullptr;
+  ncclResult_t (*reduce_scatter_)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                  cudaStream_t) = nullptr;
   ncclResult_t (*send_)(const void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*recv_)(void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*group_start_)() = nullptr;

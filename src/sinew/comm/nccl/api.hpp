@@ -45,6 +45,12 @@ class Api {
                                  ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t all_gather(const void* in, void* out, std::size_t count, ncclDataType_t type,
                                   ncclComm_t comm, cudaStream_t stream) = 0;
+  /// ncclReduce: the reduction of every rank's `in` arrives in `out` at `root` (`out` unused elsewhere).
+  virtual ncclResult_t reduce(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                              ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) = 0;
+  /// ncclReduceScatter: `in` holds nranks blocks of `count`; block r's reduction arrives in rank r's `out`.
+  virtual ncclResult_t reduce_scatter(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t send(const void* buf, std::size_t count, ncclDataType_t type, int peer,
                             ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t recv(void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,

@@ -3,6 +3,7 @@
 #include <nccl.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <thread>
@@ -365,6 +366,81 @@ std::unique_ptr<Work> NcclBackend::allgather(Buffer in, Buffer out, const Option
   return enqueue(
       fmt::format("allgather({} x {})", in.count, dtype_name(in.dtype)), opts.timeout,
       [&](ncclComm_t c) { return api_.all_gather(in.data, out.data, in.count, type, c, stream_); });
+}
+
+namespace {
+
+/// Checks `counts` (one block per rank, summing to `total`); returns whether they are all equal.
+bool equal_blocks(std::span<const std::size_t> counts, int ranks, std::size_t total, std::string_view what) {
+  std::size_t sum = 0;
+  for (const std::size_t c : counts) sum += c;
+  if (counts.size() != static_cast<std::size_t>(ranks) || sum != total) {
+    SINEW_THROW(InvalidArgument, "nccl backend: {} needs {} block counts summing to {}, got {} summing to {}",
+                what, ranks, total, counts.size(), sum);
+  }
+  return std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts.front(); });
+}
+
+/// One NCCL group of `call(k, first element)` per non-empty block k (empty ones are the same on every rank:
+/// skipped by all). The group is always closed, also after an error: an open group would swallow later calls.
+template <class F>
+ncclResult_t per_block(Api& api, std::span<const std::size_t> counts, F&& call) {
+  ncclResult_t r = api.group_start();
+  if (r != ncclSuccess) return r;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < counts.size(); at += counts[k], ++k) {
+    if (counts[k] == 0) continue;
+    r = call(k, at);
+    if (r != ncclSuccess && r != ncclInProgress) break;
+  }
+  const ncclResult_t end = api.group_end();
+  return r == ncclSuccess || r == ncclInProgress ? end : r;
+}
+
+}  // namespace
+
+std::unique_ptr<Work> NcclBackend::reduce_scatter(Buffer in, Buffer out, std::span<const std::size_t> counts,
+                                                  ReduceOp op, const Options& opts) {
+  const bool equal = equal_blocks(counts, size_, in.count, "reduce_scatter");
+  const auto me = static_cast<std::size_t>(rank_);
+  if (in.dtype != out.dtype || out.count != counts[me]) {
+    SINEW_THROW(InvalidArgument, "nccl backend: reduce_scatter needs an output of {} x {}, got {} x {}",
+                counts[me], dtype_name(in.dtype), out.count, dtype_name(out.dtype));
+  }
+  const ncclDataType_t type = to_nccl(in.dtype);
+  const ncclRedOp_t red = to_nccl(op);
+  const std::size_t elem = dtype_size(in.dtype);
+  return enqueue(fmt::format("reduce_scatter({} x {})", in.count, dtype_name(in.dtype)), opts.timeout,
+                 [&](ncclComm_t c) {
+                   if (equal) return api_.reduce_scatter(in.data, out.data, counts[0], type, red, c, stream_);
+                   // Uneven blocks: one ncclReduce per block to its rank, in one group (NCCL runs them
+                   // together; each rank sends every block once, as a reduce-scatter does).
+                   return per_block(api_, counts, [&](std::size_t k, std::size_t at) {
+                     const void* block = static_cast<const std::byte*>(in.data) + at * elem;
+                     void* dest = k == me ? out.data : const_cast<void*>(block);  // (unused off the root)
+                     return api_.reduce(block, dest, counts[k], type, red, static_cast<int>(k), c, stream_);
+                   });
+                 });
+}
+
+std::unique_ptr<Work> NcclBackend::allgather_v(Buffer buf, std::span<const std::size_t> counts,
+                                               const Options& opts) {
+  const bool equal = equal_blocks(counts, size_, buf.count, "allgather_v");
+  const ncclDataType_t type = to_nccl(buf.dtype);
+  const std::size_t elem = dtype_size(buf.dtype);
+  return enqueue(
+      fmt::format("allgather_v({} x {})", buf.count, dtype_name(buf.dtype)), opts.timeout, [&](ncclComm_t c) {
+        if (equal) {  // NCCL's in-place all-gather: this rank's block is at rank * count
+          const void* mine =
+              static_cast<const std::byte*>(buf.data) + static_cast<std::size_t>(rank_) * counts[0] * elem;
+          return api_.all_gather(mine, buf.data, counts[0], type, c, stream_);
+        }
+        // Uneven blocks: one in-place ncclBroadcast per block from its rank, in one group.
+        return per_block(api_, counts, [&](std::size_t k, std::size_t at) {
+          void* block = static_cast<std::byte*>(buf.data) + at * elem;
+          return api_.broadcast(block, block, counts[k], type, static_cast<int>(k), c, stream_);
+        });
+      });
 }
 
 std::unique_ptr<Work> NcclBackend::send(Buffer buf, int peer, const Options& opts) {

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -65,6 +66,14 @@ class NcclBackend final : public Backend {
   std::unique_ptr<Work> allreduce(Buffer buf, ReduceOp op, const Options& opts) override;
   std::unique_ptr<Work> broadcast(Buffer buf, int root, const Options& opts) override;
   std::unique_ptr<Work> allgather(Buffer in, Buffer out, const Options& opts) override;
+  /// Blocks of equal counts: ncclReduceScatter. Uneven ones (a flat buffer's shards): one ncclReduce per
+  /// non-empty block to its rank, in one NCCL group. `in` and `out` are device memory.
+  std::unique_ptr<Work> reduce_scatter(Buffer in, Buffer out, std::span<const std::size_t> counts,
+                                       ReduceOp op, const Options& opts) override;
+  /// In place. Blocks of equal counts: NCCL's in-place ncclAllGather; uneven ones: one ncclBroadcast per
+  /// non-empty block from its rank, in one NCCL group.
+  std::unique_ptr<Work> allgather_v(Buffer buf, std::span<const std::size_t> counts,
+                                    const Options& opts) override;
   /// Point-to-point: each is an NCCL operation of its own on the one communication stream, so a rank's sends
   /// and receives run in the order it posted them, and a send may block the stream until the peer's
   /// receive runs: two ranks that each send to the other before receiving can deadlock (as with plain
