@@ -373,12 +373,7 @@ class Model(torch.nn.Module):
 
     def state_dict(self, *args, **kwargs):
         """The module's state_dict (its own keys, as torch.save and load_state_dict expect them)."""
-        if self._units is not None and self._units.active():
-            raise _usage("model.state_dict() during training with shard='parameters': each rank holds only its "
-                         "shards of the parameters; save with Sinew's checkpoints (checkpoint_dir=, "
-                         "checkpoint_every=: they load at any size and stage, sinew.checkpoint exports them for "
-                         "torch.load), or after job.epochs() ends, when the model is whole again")
-        return self.module.state_dict(*args, **kwargs)
+        return self.module.state_dict(*args, **kwargs)  # (refused in training with shard="parameters": Units)
 
     def load_state_dict(self, state_dict, strict=True, **kwargs):
         return self.module.load_state_dict(state_dict, strict, **kwargs)

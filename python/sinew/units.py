@@ -121,6 +121,10 @@ class Units:
         for i, u in enumerate(units):
             self.handles.append(u.register_forward_pre_hook(self._pre_forward(i)))
             self.handles.append(u.register_forward_hook(self._post_forward(i)))
+        # state_dict() of the module or any submodule (DDP's habit is model.module.state_dict()) would hold this
+        # rank's shards and zeros: refused while the parameters are sharded.
+        for m in module.modules():
+            self.handles.append(m.register_state_dict_pre_hook(self._refuse_state_dict))
 
     # ---- state ------------------------------------------------------------------------------------------------
     def active(self):
@@ -134,6 +138,14 @@ class Units:
         """After a recovery: the reshard left this rank its new shards only."""
         self.resident.clear()
         self.failed = None
+
+    def _refuse_state_dict(self, module, prefix, keep_vars):
+        if self.active():
+            raise UsageError("state_dict() during training with shard='parameters' (model.state_dict(), "
+                             "model.module.state_dict(), a submodule's): each rank holds only its shards of the "
+                             "parameters, the rest reads as zeros; save with Sinew's checkpoints (checkpoint_dir=, "
+                             "checkpoint_every=: they load at any size and stage, sinew.checkpoint exports them for "
+                             "torch.load), or after job.epochs() ends, when the model is whole again")
 
     # ---- gather and release ----------------------------------------------------------------------------------
     def _gather(self, i, in_backward=False):

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import sinew
 
 TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
-         "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng", "state-dict")
+         "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng", "state-dict",
+                 "module-state-dict")
 
 
 class Tokens(nn.Module):
@@ -236,11 +237,23 @@ def main():
                         return 1
             if args.trap == "state-dict" and i == 2:
                 torch.save(model.state_dict(), "/dev/null")  # DDP's habit: save the model in the loop
+            if args.trap == "module-state-dict" and i == 2:
+                torch.save(model.module.state_dict(), "/dev/null")  # the same through DDP's .module
             if args.trap == "late-optimizer" and i == 2:
                 torch.optim.SGD(model.parameters(), lr=0.1).step()
             if args.trap == "break" and i == 2:
                 break
         model.eval()
+        units = getattr(model, "_units", None)
+        if units is None or not units.active():
+            # Between steps the model is the updated one and the same on every rank (with sharded optimizer state
+            # and gradients too: the shards are gathered when the step ends, not at the next forward).
+            with torch.no_grad():
+                total = float(sum(q.detach().double().sum() for q in net.parameters()))
+            lo, hi = job.all_reduce([-total, total], op="max")
+            if -lo != hi:
+                print(f"[own_loop] epoch {epoch}: the model differs between ranks ({-lo!r} .. {hi!r})", flush=True)
+                return 1
         with torch.no_grad():
             correct = int((model(test_x).argmax(1) == test_y).sum())
         accuracy = job.all_reduce(correct, op="max") / len(test_y)  # the same model everywhere: max == each

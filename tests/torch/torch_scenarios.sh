@@ -505,7 +505,9 @@ PY
       || fail "clip: exit $?"
     compare_loop "$d/clip-whole.pt" "$d/clip-p.pt" 1e-6 || fail "clip_grad_norm_ differs from the whole gradients'"
     loop 2 120 --model deep --trap state-dict --epochs 1 -- "${lcommon[@]}" --shard parameters
-    expect_error 2 "model.state_dict() during training with shard='parameters'" "model.state_dict() in the loop"
+    expect_error 2 "state_dict() during training with shard='parameters'" "model.state_dict() in the loop"
+    loop 2 120 --model deep --trap module-state-dict --epochs 1 -- "${lcommon[@]}" --shard parameters
+    expect_error 2 "state_dict() during training with shard='parameters'" "model.module.state_dict() in the loop"
     # A checkpoint of sharded parameters at 4 ranks holds the whole state's tensors (read with h5py), and loads at
     # 3 ranks with sharded optimizer state and at 2 ranks unsharded as the whole state's checkpoint does.
     for way in none parameters; do

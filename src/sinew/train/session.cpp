@@ -397,6 +397,12 @@ struct Session::Impl {
     sampler.advance(plan.total);
     state.pos().step = next;
     status::process().set_step(next);  // the step of this process's later status records
+    // --shard optimizer/gradients: the model whole again now, not before the next step, so that whatever
+    // runs between steps (a script's evaluation, torch.save(model.state_dict()) at an epoch's end) reads the
+    // updated parameters, as under DDP. After the position: a failure here leaves the step completed, as a
+    // failure in the next step's first collective would.
+    gather_shards();
+    comm_ms += std::exchange(gather_ms, 0.0);
     // Completed everywhere (a lockstep step includes every rank's gradients): the node's copy of the state.
     if (f.algorithm().lockstep()) state.mirror();
     const double step_ms = ms_since(step_start);

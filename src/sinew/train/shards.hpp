@@ -9,8 +9,8 @@
 // deterministic update to the same reduced gradients (a ZeRO-1 step has every gradient on every member), so
 // a replica stays current without a byte of state sent: it costs R/W of the optimiser state per member
 // and R-fold the optimiser's arithmetic on 1/W of the model each, no bandwidth. The parameters stay whole on
-// every member (ZeRO-1): after the update each owner's range is broadcast to the others, lazily, before
-// anything reads them (the next forward, an evaluation, the end).
+// every member (ZeRO-1): after the update each owner's range is broadcast to the others (gather(), the
+// session's last act of a step, so that anything the script runs between steps reads the whole model).
 //
 // After a failure the survivors agree on the most advanced step (a member whose reduction failed is one step
 // behind; it is brought up to date with the reduced gradients of a member that completed it), take each old
