@@ -17,8 +17,14 @@ What a stage needs per rank, for P parameters of 4 bytes and an optimizer with k
                                                                      while it runs; the root's for the step)
 and with bytegrad's error feedback 4P more at every stage (its residual is a float per parameter).
 Activations come on top of all of them: the check refuses only what cannot fit.
+
+A recovery in place (R >= 2) makes the new layout's shards of the optimizer's state beside the old ones before
+it lets the old go (a failure during the reshard then leaves the old intact): 4kP R'/W' more for a moment, at
+W' = W - 1 ranks and R' = min(R, W'). Where the limit leaves room for the stage but not for that, the job trains,
+and rank 0 says at start that a failure would end in a relaunch from the newest checkpoint instead.
 """
 import os
+import sys
 
 import torch
 
@@ -81,6 +87,15 @@ def need(stage, params, k, world, replicas, unit=0, root=0, residual=0):
     return 4 * params * (2 + k) * s + 8 * unit + 8 * root + extra
 
 
+def recovery_extra(stage, params, k, world, replicas):
+    """Bytes per rank a recovery in place adds for a moment at `stage` (the docstring above); 0 where the job does
+    not recover its shards in place (no sharding, one replica, one rank)."""
+    if stage == "none" or replicas < 2 or world < 2:
+        return 0
+    w = world - 1
+    return 4 * params * k * min(replicas, w) / w
+
+
 def check(job, model, opt):
     """Raises UsageError where this rank's stage cannot fit its cgroup's limit; names the stage that would."""
     cg = memory_cgroup()
@@ -99,9 +114,17 @@ def check(job, model, opt):
     stage = core.shard
     residual = core.residual_per_parameter
     needs = {s: need(s, params, k, world, replicas, unit, root, residual) for s in STAGES}
-    if needs[stage] <= left:
-        return
     gib = 2 ** 30
+    if needs[stage] <= left:
+        extra = recovery_extra(stage, params, k, world, replicas)
+        if needs[stage] + extra > left and job.rank == 0:  # (one line per job: a scheduler gives ranks alike limits)
+            print(f"[sinew] rank {job.rank}: warning: a recovery in place needs about {extra / gib:.2f} GiB more per "
+                  f"rank for a moment (the new layout's shards of the optimizer state beside the old) than the "
+                  f"{(left - needs[stage]) / gib:.2f} GiB the memory cgroup ({where}) leaves beside "
+                  f"shard='{stage}''s {needs[stage] / gib:.2f} GiB: a failure would end in a relaunch from the newest "
+                  "checkpoint instead; ask for more memory or run on more ranks to recover in place",
+                  file=sys.stderr, flush=True)
+        return
     fits = [s for s in STAGES if needs[s] <= left]
     name = type(opt).__name__ if opt is not None else "no optimizer"
     if fits:
