@@ -199,7 +199,8 @@ TEST(NcclFake, ReduceScatterAndAllgatherOfShards) {
   const int n = view.size(), me = view.rank();
   const auto nu = static_cast<std::size_t>(n);
   const auto mu = static_cast<std::size_t>(me);
-  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  const int sum_of_ranks = n * (n + 1) / 2;  // 1 + 2 + ... + n: exact
+  const auto ranks_sum = static_cast<float>(sum_of_ranks);
   {
     NcclBackend nccl(view, api);
     const auto ops = [&] {
