@@ -449,89 +449,61 @@ ncclResult_t FakeApi::enqueue_collective(Op o, cudaStream_t stream) {
   return r;
 }
 
-ncclResult_t FakeApi::all_reduce(const void* in, void* out, std::size_t count, ncclDataType_t type,
-                                 ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t FakeApi::collective(const char* call, Op o, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclAllReduce");
+  Comm* c = comm_of(comm, call);
   if (c == nullptr) return ncclInvalidUsage;
-  if (op != ncclSum && op != ncclMax && op != ncclMin) return ncclInvalidArgument;
-  Op o;
-  o.kind = Op::Kind::kAllReduce;
+  const bool reduces =
+      o.kind == Op::Kind::kAllReduce || o.kind == Op::Kind::kReduce || o.kind == Op::Kind::kReduceScatter;
+  if (reduces && o.red != ncclSum && o.red != ncclMax && o.red != ncclMin) return ncclInvalidArgument;
+  const bool rooted = o.kind == Op::Kind::kBroadcast || o.kind == Op::Kind::kReduce;
+  if (rooted && (o.root < 0 || o.root >= c->nranks)) return ncclInvalidArgument;
+  // A reduce-scatter's contribution is every block: nranks of its count.
+  if (o.kind == Op::Kind::kReduceScatter) o.count *= static_cast<std::size_t>(c->nranks);
   o.comm = c;
+  return enqueue_collective(o, stream);
+}
+
+namespace {
+FakeApi::Op op_of(FakeApi::Op::Kind kind, const void* in, void* out, std::size_t count, ncclDataType_t type,
+                  ncclRedOp_t red = ncclSum, int root = 0) {
+  FakeApi::Op o;
+  o.kind = kind;
   o.in = in;
   o.out = out;
   o.count = count;
   o.type = type;
-  o.red = op;
-  return enqueue_collective(o, stream);
+  o.red = red;
+  o.root = root;
+  return o;
+}
+}  // namespace
+
+ncclResult_t FakeApi::all_reduce(const void* in, void* out, std::size_t count, ncclDataType_t type,
+                                 ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return collective("ncclAllReduce", op_of(Op::Kind::kAllReduce, in, out, count, type, op), comm, stream);
 }
 
 ncclResult_t FakeApi::broadcast(const void* in, void* out, std::size_t count, ncclDataType_t type, int root,
                                 ncclComm_t comm, cudaStream_t stream) {
-  std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclBroadcast");
-  if (c == nullptr) return ncclInvalidUsage;
-  if (root < 0 || root >= c->nranks) return ncclInvalidArgument;
-  Op o;
-  o.kind = Op::Kind::kBroadcast;
-  o.comm = c;
-  o.in = in;
-  o.out = out;
-  o.count = count;
-  o.type = type;
-  o.root = root;
-  return enqueue_collective(o, stream);
+  return collective("ncclBroadcast", op_of(Op::Kind::kBroadcast, in, out, count, type, ncclSum, root), comm,
+                    stream);
 }
 
 ncclResult_t FakeApi::all_gather(const void* in, void* out, std::size_t count, ncclDataType_t type,
                                  ncclComm_t comm, cudaStream_t stream) {
-  std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclAllGather");
-  if (c == nullptr) return ncclInvalidUsage;
-  Op o;
-  o.kind = Op::Kind::kAllGather;
-  o.comm = c;
-  o.in = in;
-  o.out = out;
-  o.count = count;
-  o.type = type;
-  return enqueue_collective(o, stream);
+  return collective("ncclAllGather", op_of(Op::Kind::kAllGather, in, out, count, type), comm, stream);
 }
 
 ncclResult_t FakeApi::reduce(const void* in, void* out, std::size_t count, ncclDataType_t type,
                              ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclReduce");
-  if (c == nullptr) return ncclInvalidUsage;
-  if (op != ncclSum && op != ncclMax && op != ncclMin) return ncclInvalidArgument;
-  if (root < 0 || root >= c->nranks) return ncclInvalidArgument;
-  Op o;
-  o.kind = Op::Kind::kReduce;
-  o.comm = c;
-  o.in = in;
-  o.out = out;
-  o.count = count;
-  o.type = type;
-  o.red = op;
-  o.root = root;
-  return enqueue_collective(o, stream);
+  return collective("ncclReduce", op_of(Op::Kind::kReduce, in, out, count, type, op, root), comm, stream);
 }
 
 ncclResult_t FakeApi::reduce_scatter(const void* in, void* out, std::size_t count, ncclDataType_t type,
                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  std::lock_guard lock(mu_);
-  Comm* c = comm_of(comm, "ncclReduceScatter");
-  if (c == nullptr) return ncclInvalidUsage;
-  if (op != ncclSum && op != ncclMax && op != ncclMin) return ncclInvalidArgument;
-  Op o;
-  o.kind = Op::Kind::kReduceScatter;
-  o.comm = c;
-  o.in = in;
-  o.out = out;
-  o.count = count * static_cast<std::size_t>(c->nranks);  // what this rank contributes: every block
-  o.type = type;
-  o.red = op;
-  return enqueue_collective(o, stream);
+  return collective("ncclReduceScatter", op_of(Op::Kind::kReduceScatter, in, out, count, type, op), comm,
+                    stream);
 }
 
 ncclResult_t FakeApi::send(const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,

@@ -152,6 +152,9 @@ class FakeApi final : public Api {
   ncclResult_t enqueue(Op op, cudaStream_t stream);
   /// enqueue() with the communicator's next collective sequence number (op.comm is set, mu_ held).
   ncclResult_t enqueue_collective(Op op, cudaStream_t stream);
+  /// A collective call of NCCL's `call`: checks the communicator, the reduction and the root, then
+  /// enqueue_collective() (takes mu_).
+  ncclResult_t collective(const char* call, Op o, ncclComm_t comm, cudaStream_t stream);
   /// ncclSend (send) or ncclRecv.
   ncclResult_t point_to_point(bool send, const void* in, void* out, std::size_t count, ncclDataType_t type,
                               int peer, ncclComm_t comm, cudaStream_t stream);
