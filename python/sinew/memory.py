@@ -21,7 +21,7 @@ Activations come on top of all of them: the check refuses only what cannot fit.
 A recovery in place (R >= 2) makes the new layout's shards of the optimizer's state beside the old ones before
 it lets the old go (a failure during the reshard then leaves the old intact): 4kP R'/W' more for a moment, at
 W' = W - 1 ranks and R' = min(R, W'). Where the limit leaves room for the stage but not for that, the job trains,
-and rank 0 says at start that a failure would end in a relaunch from the newest checkpoint instead.
+and rank 0 says at start that a failure could end in a relaunch from the newest checkpoint instead.
 """
 import os
 import sys
@@ -121,7 +121,7 @@ def check(job, model, opt):
             print(f"[sinew] rank {job.rank}: warning: a recovery in place needs about {extra / gib:.2f} GiB more per "
                   f"rank for a moment (the new layout's shards of the optimizer state beside the old) than the "
                   f"{(left - needs[stage]) / gib:.2f} GiB the memory cgroup ({where}) leaves beside "
-                  f"shard='{stage}''s {needs[stage] / gib:.2f} GiB: a failure would end in a relaunch from the newest "
+                  f"shard='{stage}''s {needs[stage] / gib:.2f} GiB: a failure could end in a relaunch from the newest "
                   "checkpoint instead; ask for more memory or run on more ranks to recover in place",
                   file=sys.stderr, flush=True)
         return

@@ -596,10 +596,10 @@ PY
     grep -q "a recovery in place needs" "$d/out.txt" && fail "sharded under the limit: warned, with room to recover"
     # A limit with room for the stage but not for a recovery's new layout beside the old (13 bytes per parameter:
     # the stage about 8, the reshard's new state 4 x 2 x 2/3 more): it trains, and rank 0 says at start that a
-    # failure would end in a relaunch.
+    # failure could end in a relaunch.
     loop 4 240 --model big --optimizer adamw --mem-limit 13 -- "${lcommon[@]}" --shard parameters --max-steps 6 \
       || fail "sharded, no room to recover: exit $?"
-    [ "$(grep -c "warning: a recovery in place needs about .* a failure would end in a relaunch" "$d/out.txt")" -eq 1 ] \
+    [ "$(grep -c "warning: a recovery in place needs about .* a failure could end in a relaunch" "$d/out.txt")" -eq 1 ] \
       || fail "sharded, no room to recover: not said once"
     echo "a limit without room for a recovery in place: trains, and says so once"
     ;;
