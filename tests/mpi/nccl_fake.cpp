@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <random>
 
 #include <fmt/format.h>
@@ -173,6 +174,7 @@ struct FakeApi::Op {
   int root = 0;  // broadcast and reduce root; peer of send/recv; memset value
   std::uint64_t seq = 0;
   bool posted = false;
+  int group = 0;  // the NCCL group it was issued in (FakeApi::groups_), 0: none
   Stream* wait_on = nullptr;
   std::uint64_t wait_target = 0;
 };
@@ -433,9 +435,20 @@ ncclResult_t FakeApi::enqueue(Op op, cudaStream_t stream) {
     e.data = op.kind == Op::Kind::kSend ? op.in : op.out;
     e.count = op.count;
     e.stream = stream;
+    e.group = group_depth_ > 0 ? groups_ : 0;
     journal_.push_back(e);
   }
-  s->queue.push_back(op);
+  // The operations of one group run together on a GPU. The fake's stream runs them in order, so a send
+  // goes before the receives of its group enqueued ahead of it (sends are buffered: they never wait for
+  // the peer), as if the group had been issued sends first; outside a group the order is the caller's.
+  op.group = group_depth_ > 0 ? groups_ : 0;
+  auto at = s->queue.end();
+  if (op.kind == Op::Kind::kSend && op.group != 0) {
+    while (at != s->queue.begin() && std::prev(at)->kind == Op::Kind::kRecv &&
+           std::prev(at)->group == op.group && !std::prev(at)->posted)
+      --at;
+  }
+  s->queue.insert(at, op);
   ++s->enqueued;
   advance(*s, 0);  // a GPU starts work at once; the fake does what it can now, the rest when polled
   return ncclSuccess;
@@ -538,10 +551,25 @@ ncclResult_t FakeApi::point_to_point(bool send, const void* in, void* out, std::
   return r;
 }
 
-// Sends are buffered and every operation advances on its own, so a group needs no fusing here: sends and
-// receives of one group cannot deadlock each other whatever their order.
-ncclResult_t FakeApi::group_start() { return ncclSuccess; }
-ncclResult_t FakeApi::group_end() { return ncclSuccess; }
+// A group is numbered; enqueue() lets its sends go ahead of its receives (sends are buffered), so that
+// the sends and receives of one group cannot deadlock each other whatever their order, as in NCCL. The
+// journal carries the number, so that tests can check that what must be grouped (sends and receives
+// between the same ranks) was.
+ncclResult_t FakeApi::group_start() {
+  std::lock_guard lock(mu_);
+  if (group_depth_++ == 0) ++groups_;
+  return ncclSuccess;
+}
+
+ncclResult_t FakeApi::group_end() {
+  std::lock_guard lock(mu_);
+  if (group_depth_ == 0) {
+    misuse_.emplace_back("ncclGroupEnd without ncclGroupStart");
+    return ncclInvalidUsage;
+  }
+  --group_depth_;
+  return ncclSuccess;
+}
 
 ncclResult_t FakeApi::comm_get_async_error(ncclComm_t comm, ncclResult_t* error) {
   std::lock_guard lock(mu_);

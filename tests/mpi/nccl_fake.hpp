@@ -72,6 +72,7 @@ class FakeApi final : public Api {
     std::size_t count = 0;
     cudaStream_t stream = nullptr;
     cudaEvent_t event = nullptr;  ///< kStreamWait: the event waited on
+    int group = 0;                ///< the NCCL group it was issued in (numbered from 1); 0: none
   };
 
   FakeApi() : FakeApi(Config{}) {}
@@ -173,6 +174,8 @@ class FakeApi final : public Api {
   std::uintptr_t next_handle_ = 0x1000;
   std::vector<std::string> misuse_;
   std::vector<JournalEntry> journal_;
+  int group_depth_ = 0;  // ncclGroupStart calls not yet ended
+  int groups_ = 0;       // outermost groups started
   int live_ = 0;
   int aborted_ = 0;
 };

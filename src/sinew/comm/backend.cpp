@@ -1,6 +1,9 @@
 #include "sinew/comm/backend.hpp"
 
+#include <cstring>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "sinew/core/error.hpp"
 #include "sinew/core/timer.hpp"
@@ -38,6 +41,68 @@ void poll_until_complete(Work& w, std::chrono::milliseconds timeout, std::string
       }
     }
   }
+}
+
+namespace {
+
+class AllOf final : public Work {
+ public:
+  explicit AllOf(std::vector<std::unique_ptr<Work>> works) : works_(std::move(works)) {}
+  bool test() override {
+    for (; done_ < works_.size(); ++done_)
+      if (!works_[done_]->test()) return false;
+    return true;
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto start = Clock::now();
+    for (; done_ < works_.size(); ++done_) {
+      const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      works_[done_]->wait(timeout > spent ? timeout - spent : std::chrono::milliseconds(0));
+    }
+  }
+  void abort() noexcept override {
+    for (auto& w : works_) w->abort();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> works_;
+  std::size_t done_ = 0;  // works_[0, done_) have completed
+};
+
+class Done final : public Work {
+ public:
+  bool test() override { return check(); }
+  void wait(std::chrono::milliseconds) override { check(); }
+  void abort() noexcept override { aborted_ = true; }
+
+ private:
+  bool check() const {
+    if (aborted_) SINEW_THROW(CommFailure, "a fill that was given up");
+    return true;
+  }
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Work> all_of(std::vector<std::unique_ptr<Work>> works) {
+  std::erase(works, nullptr);
+  return std::make_unique<AllOf>(std::move(works));
+}
+
+std::unique_ptr<Work> Backend::exchange(std::span<const Message> sends, std::span<const Message> recvs,
+                                        const Options& opts) {
+  if (sends.empty() && recvs.empty()) return nullptr;
+  std::vector<std::unique_ptr<Work>> works;
+  works.reserve(sends.size() + recvs.size());
+  for (const Message& m : recvs) works.push_back(recv(m.buf, m.peer, opts));
+  for (const Message& m : sends) works.push_back(send(m.buf, m.peer, opts));
+  return all_of(std::move(works));
+}
+
+std::unique_ptr<Work> Backend::fill(Buffer buf, std::uint8_t byte) {
+  std::memset(buf.data, byte, buf.bytes());
+  return std::make_unique<Done>();
 }
 
 std::unique_ptr<Work> Backend::reduce_scatter(Buffer, Buffer, std::span<const std::size_t>, ReduceOp,

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "sinew/core/names.hpp"
 
@@ -114,6 +115,10 @@ class Work {
   virtual void abort() noexcept = 0;
 };
 
+/// One Work for several (null ones skipped): complete once all are; wait() shares one deadline among them;
+/// abort() aborts every one.
+std::unique_ptr<Work> all_of(std::vector<std::unique_ptr<Work>> works);
+
 /// The polling loop behind Work::wait(): calls w.test() until it returns true, first spinning (latency
 /// of small messages), then yielding the core, then (after 2 ms) sleeping 50 us between polls, since
 /// ranks often share cores with each other and with the compute thread. Throws Timeout "WHAT did not
@@ -152,6 +157,20 @@ class Backend {
   virtual std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) = 0;
   virtual std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) = 0;
   virtual std::unique_ptr<Work> barrier(const Options& opts) = 0;
+  /// One buffer to or from one peer, for exchange().
+  struct Message {
+    Buffer buf;
+    int peer = 0;
+  };
+  /// Point-to-point messages posted together: every receive, then every send, as one Work that completes
+  /// when all have (null when there are none). Two ranks that send each other something this way cannot
+  /// deadlock, whatever the transport: NCCL runs them as one group (its plain sends may block the stream
+  /// until the peer's receive runs). Base: recv() and send() each.
+  virtual std::unique_ptr<Work> exchange(std::span<const Message> sends, std::span<const Message> recvs,
+                                         const Options& opts);
+  /// Sets every byte of `buf` to `byte`, in order with this backend's operations (NCCL: a memset on its
+  /// stream, for device memory; base: at once, host memory). Returns a Work that completes with it.
+  virtual std::unique_ptr<Work> fill(Buffer buf, std::uint8_t byte);
 
   /// In-place reduction run to completion on the calling thread, with the transport's fastest (tuned,
   /// blocking) algorithm. It has no deadline of its own: whoever waits for the calling thread bounds it,

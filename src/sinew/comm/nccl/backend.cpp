@@ -461,6 +461,41 @@ std::unique_ptr<Work> NcclBackend::recv(Buffer buf, int peer, const Options& opt
                  [&](ncclComm_t c) { return api_.recv(buf.data, buf.count, type, peer, c, stream_); });
 }
 
+std::unique_ptr<Work> NcclBackend::exchange(std::span<const Message> sends, std::span<const Message> recvs,
+                                            const Options& opts) {
+  if (sends.empty() && recvs.empty()) return nullptr;
+  for (const auto* list : {&sends, &recvs}) {
+    for (const Message& m : *list) {
+      if (m.peer < 0 || m.peer >= size_)
+        SINEW_THROW(InvalidArgument, "nccl backend: exchange peer {} is outside the group of {} ranks",
+                    m.peer, size_);
+    }
+  }
+  return enqueue(fmt::format("exchange({} sends, {} receives)", sends.size(), recvs.size()), opts.timeout,
+                 [&](ncclComm_t c) {
+                   // One group: NCCL matches them all at once (the group is closed after an error too).
+                   ncclResult_t r = api_.group_start();
+                   if (r != ncclSuccess) return r;
+                   for (const Message& m : recvs) {
+                     if (r = api_.recv(m.buf.data, m.buf.count, to_nccl(m.buf.dtype), m.peer, c, stream_);
+                         r != ncclSuccess && r != ncclInProgress)
+                       break;
+                   }
+                   for (const Message& m : sends) {
+                     if (r != ncclSuccess && r != ncclInProgress) break;
+                     r = api_.send(m.buf.data, m.buf.count, to_nccl(m.buf.dtype), m.peer, c, stream_);
+                   }
+                   const ncclResult_t end = api_.group_end();
+                   return r == ncclSuccess || r == ncclInProgress ? end : r;
+                 });
+}
+
+std::unique_ptr<Work> NcclBackend::fill(Buffer buf, std::uint8_t byte) {
+  if (aborted()) check_health("fill");  // throws: the communicator is gone
+  check_cuda(api_.memset_async(buf.data, byte, buf.bytes(), stream_), "fill");
+  return record(fmt::format("fill({} bytes)", buf.bytes()));
+}
+
 std::unique_ptr<Work> NcclBackend::barrier(const Options& opts) {
   return enqueue("barrier", opts.timeout, [&](ncclComm_t c) {
     return api_.all_reduce(scratch_, scratch_, 1, ncclInt32, ncclSum, c, stream_);

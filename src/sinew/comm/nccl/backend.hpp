@@ -77,9 +77,14 @@ class NcclBackend final : public Backend {
   /// Point-to-point: each is an NCCL operation of its own on the one communication stream, so a rank's sends
   /// and receives run in the order it posted them, and a send may block the stream until the peer's
   /// receive runs: two ranks that each send to the other before receiving can deadlock (as with plain
-  /// ncclSend/ncclRecv). Exchanges go through all_to_all (one NCCL group).
+  /// ncclSend/ncclRecv). Exchanges go through exchange() or all_to_all (one NCCL group each).
   std::unique_ptr<Work> send(Buffer buf, int peer, const Options& opts) override;
   std::unique_ptr<Work> recv(Buffer buf, int peer, const Options& opts) override;
+  /// One NCCL group of every receive and send.
+  std::unique_ptr<Work> exchange(std::span<const Message> sends, std::span<const Message> recvs,
+                                 const Options& opts) override;
+  /// cudaMemsetAsync on stream(), after everything enqueued before it.
+  std::unique_ptr<Work> fill(Buffer buf, std::uint8_t byte) override;
   /// A one-element allreduce of a small device scratch buffer: NCCL has no barrier, and its collectives
   /// complete at a rank only after every rank reached them. It orders the communication stream only.
   std::unique_ptr<Work> barrier(const Options& opts) override;
