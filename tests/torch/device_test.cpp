@@ -11,14 +11,21 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "nccl_fake.hpp"
+#include "sinew/core/fault.hpp"
 #include "sinew/membership/group.hpp"
 #include "sinew/mpi/communicator.hpp"
 #include "sinew/torch/workload.hpp"
+#include "sinew/train/driver.hpp"
 #include "sinew/train/layer_options.hpp"
 #include "sinew/train/session.hpp"
 
@@ -60,8 +67,10 @@ class FakeEvents final : public pytorch::ReadyEvents {
   std::size_t& recorded_;
 };
 
-train::Config config() {
+train::Config config(train::ShardStage shard = train::ShardStage::kNone, int replicas = 2) {
   train::Config c;
+  c.shard = shard;
+  c.shard_replicas = replicas;
   c.epochs = 2;
   c.batch_size = 8;
   c.lr = 0.05f;
@@ -77,13 +86,19 @@ struct Outcome {
   std::vector<float> params;
   std::vector<float> running_mean;
   std::int64_t steps = 0;
-  std::size_t recorded = 0;                 // events recorded by the hooks
-  std::vector<cudaEvent_t> events;          // the events made (device path)
-  std::uintptr_t grads = 0, grads_end = 0;  // the flat gradient buffer autograd wrote
+  std::size_t recorded = 0;                                 // events recorded by the hooks
+  std::vector<cudaEvent_t> events;                          // the events made (device path)
+  std::uintptr_t grads = 0, grads_end = 0;                  // the flat gradient buffer autograd wrote
+  std::uintptr_t device_params = 0, device_params_end = 0;  // the flat parameter buffer ("device")
+  std::vector<float> last_grads;                            // the flat gradients after the last step
+  std::vector<Slice> held;      // --shard gradients: the ranges of them this member holds
+  int failures = 0, world = 0;  // recoveries lived through; the group's size at the end
 };
 
-/// Trains a small model with BatchNorm over every rank, on the device path with `api` (else the host path).
-Outcome train_over(FakeApi* api) {
+/// Trains a small model with BatchNorm over every rank, on the device path with `api` (else the host path),
+/// with the optimiser state sharded as `shard` says.
+Outcome train_over(FakeApi* api, train::ShardStage shard = train::ShardStage::kNone, int replicas = 2,
+                   const char* fault = nullptr) {
   torch::manual_seed(11);
   const auto x = torch::randn({kTrain, 6});
   const auto y = torch::randint(0, 3, {kTrain});
@@ -91,7 +106,11 @@ Outcome train_over(FakeApi* api) {
   torch::nn::Sequential net(torch::nn::Linear(6, 16), torch::nn::BatchNorm1d(16),
                             torch::nn::Functional(torch::relu), torch::nn::Linear(16, 3));
   net->train();
-  const train::Config cfg = config();
+  train::Config cfg = config(shard, replicas);
+  if (fault != nullptr) {  // a member killed: the survivors go on without a replacement
+    cfg.inject_fault.push_back(fault::parse_fault(fault));
+    cfg.grow = false;
+  }
   Outcome run;
   std::unique_ptr<TorchWorkload> work;
   if (api != nullptr) {
@@ -107,8 +126,12 @@ Outcome train_over(FakeApi* api) {
   } else {
     work = TorchWorkload::of(*net, train::optimizer_options(cfg), "net");
   }
+  if (shard != train::ShardStage::kNone) work->shard_state();  // as Job::start does for a C++ caller
   run.grads = reinterpret_cast<std::uintptr_t>(work->flat_grads().data_ptr<float>());
   run.grads_end = run.grads + static_cast<std::uintptr_t>(work->flat_grads().numel()) * sizeof(float);
+  run.device_params = reinterpret_cast<std::uintptr_t>(work->flat_params().data_ptr<float>());
+  run.device_params_end =
+      run.device_params + static_cast<std::uintptr_t>(work->flat_params().numel()) * sizeof(float);
   train::SessionParts parts;
   parts.train_size = kTrain;
   parts.nccl_api = api;
@@ -119,38 +142,41 @@ Outcome train_over(FakeApi* api) {
   } else {
     work->set_ready([&s](Slice r) { s.grad_ready(r); });
   }
-  EXPECT_TRUE(s.start());
-  for (;;) {
-    const train::Next n = s.next();
-    if (n == train::Next::kDone) break;
-    if (n == train::Next::kEvaluate) {
-      (void)s.begin_evaluation(0);
-      s.end_evaluation({}, 0);
-      continue;
-    }
-    const train::StepPlan& plan = s.begin_step();
-    double loss = 0;
-    for (std::size_t j = 0; j < plan.micro_batches; ++j) {
-      const auto idx = s.micro_batch(j);
-      work->begin_micro_batch(j, plan.micro_batches, idx.size(), plan.total);
-      if (idx.empty()) {
-        work->skip_micro_batch();
-        continue;
-      }
-      std::vector<std::int64_t> rows(idx.begin(), idx.end());
-      const auto t = torch::tensor(rows);
-      const auto l =
-          torch::nn::functional::cross_entropy(net->forward(x.index_select(0, t)), y.index_select(0, t));
-      l.backward();
-      loss += l.item<double>() * static_cast<double>(idx.size()) / static_cast<double>(plan.total);
-    }
+  work->set_first_ready([&s] { s.fault(fault::Point::kBackward); });
+  // The loop of a C++ job (torch/job.cpp): the driver recovers a failure in place and plans the lost step
+  // again; the hooks roll BatchNorm's statistics back to the last completed step's.
+  train::DriverHooks hooks;
+  hooks.step_ends = [&work] { work->disarm(); };
+  hooks.step_ended = [&work, &run] {
+    work->keep_buffers();
+    const auto g = work->flat_grads().to(torch::kCPU);  // the reduced gradients the update read
+    run.last_grads.assign(g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+  };
+  hooks.recovering = [&work] {
     work->disarm();
-    s.end_step(loss);
-    if (s.boundary() != train::After::kContinue) break;
-  }
-  const train::Summary sum = s.finish();
+    work->restore_buffers();
+  };
+  train::Driver driver(s, 0, std::move(hooks));
+  const train::Summary sum = driver.run(
+      [&](const train::Task& t) {
+        work->begin_micro_batch(t.micro_batch, t.micro_batches, t.indices.size(), t.total);
+        if (t.indices.empty()) {
+          work->skip_micro_batch();
+          return 0.0;
+        }
+        std::vector<std::int64_t> rows(t.indices.begin(), t.indices.end());
+        const auto idx = torch::tensor(rows);
+        const auto l = torch::nn::functional::cross_entropy(net->forward(x.index_select(0, idx)),
+                                                            y.index_select(0, idx));
+        l.backward();
+        return l.item<double>() * static_cast<double>(t.indices.size()) / static_cast<double>(t.total);
+      },
+      [](std::size_t, std::size_t) { return workload::EvalSums{}; });
+  run.held = s.sharded_gradients();
   EXPECT_EQ(sum.exit_code(), 0);
   run.steps = sum.steps;
+  run.failures = sum.failures;
+  run.world = sum.world_size;
   work->to_host();
   run.params.assign(work->params().begin(), work->params().end());
   const auto rm = net->named_buffers()["1.running_mean"].to(torch::kCPU);
@@ -202,4 +228,141 @@ TEST(TorchDevice, DevicePathOverTheFakeNcclTrainsAsTheHostPath) {
   }
   EXPECT_TRUE(api.misuse().empty());
   EXPECT_EQ(api.live_comms(), 0);
+}
+
+// --shard optimizer and gradients on the device path: the reduced gradients of the held shards come to the
+// host, the shards' update runs there (the state is there), the updated ranges go back and are all-gathered
+// in "device" memory over NCCL; with sharded gradients each bucket is reduce-scattered in place over NCCL,
+// the owners' parts go to the other holders in one NCCL group, and the rest is NaN on the device. The
+// result must be the host path's with the same sharding (MPI, the same optimiser on the same shards).
+TEST(TorchDevice, ShardedStateOverTheFakeNcclTrainsAsTheHostPath) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  struct Case {
+    train::ShardStage shard;
+    int replicas;
+  };
+  for (const Case c : {Case{train::ShardStage::kOptimizer, 2}, Case{train::ShardStage::kGradients, 2},
+                       Case{train::ShardStage::kGradients, 1}}) {
+    SCOPED_TRACE(
+        fmt::format("--shard {} --shard-replicas {}", name_of(train::kShardNames, c.shard), c.replicas));
+    const Outcome host = train_over(nullptr, c.shard, c.replicas);
+    FakeApi api;
+    const Outcome dev = train_over(&api, c.shard, c.replicas);
+    ASSERT_EQ(dev.params.size(), host.params.size());
+    EXPECT_EQ(dev.steps, host.steps);
+    EXPECT_GT(dev.steps, 10);
+    EXPECT_LE(worst(host.params, dev.params), 1e-5)
+        << "the device path's parameters differ from the host path's";
+    EXPECT_LE(worst(host.running_mean, dev.running_mean), 1e-6) << "BatchNorm's statistics differ";
+    // The gather after every update ran in the device parameters, over NCCL (an all-gather, or a broadcast
+    // per shard where the shards are uneven); the sharded gradients' reduce-scatter in the device gradients.
+    std::size_t gathers = 0, scatters = 0, p2p = 0, ungrouped = 0;
+    // (Where it writes: an in-place reduce-scatter's journal entry is its output, this rank's block, with the
+    // count of the whole input.)
+    const auto in = [](const FakeApi::JournalEntry& j, std::uintptr_t lo, std::uintptr_t hi) {
+      const auto p = reinterpret_cast<std::uintptr_t>(j.data);
+      return p >= lo && p < hi;
+    };
+    for (const auto& j : api.journal()) {
+      if (j.kind == FakeApi::JournalEntry::Kind::kCollective &&
+          (j.op == "allgather" || j.op == "broadcast") && in(j, dev.device_params, dev.device_params_end))
+        ++gathers;
+      if (j.kind == FakeApi::JournalEntry::Kind::kCollective &&
+          (j.op == "reduce_scatter" || j.op == "reduce") && in(j, dev.grads, dev.grads_end))
+        ++scatters;
+      if (j.kind == FakeApi::JournalEntry::Kind::kSend || j.kind == FakeApi::JournalEntry::Kind::kRecv) {
+        ++p2p;
+        if (j.group == 0) ++ungrouped;
+      }
+    }
+    EXPECT_GE(gathers, static_cast<std::size_t>(dev.steps)) << "no all-gather of the device parameters";
+    if (c.shard == train::ShardStage::kGradients) {
+      EXPECT_GE(scatters, static_cast<std::size_t>(dev.steps)) << "no reduce-scatter of the device gradients";
+      if (c.replicas > 1) {
+        EXPECT_GE(p2p, static_cast<std::size_t>(dev.steps)) << "no replica received its shard's gradients";
+      }
+      EXPECT_EQ(ungrouped, 0U) << "a replica's send or receive outside an NCCL group could deadlock";
+      // Held: the reduced gradients (equal to the host path's); not held: NaN.
+      ASSERT_FALSE(dev.held.empty());
+      std::vector<bool> held(dev.last_grads.size(), false);
+      for (const Slice r : dev.held)
+        for (std::size_t e = r.offset; e < r.end(); ++e) held[e] = true;
+      std::size_t nan_held = 0, not_nan_unheld = 0, unheld = 0;
+      for (std::size_t e = 0; e < held.size(); ++e) {
+        if (held[e]) {
+          nan_held += std::isnan(dev.last_grads[e]) ? 1 : 0;
+          EXPECT_NEAR(dev.last_grads[e], host.last_grads[e], 1e-5 * (1 + std::abs(host.last_grads[e]))) << e;
+        } else {
+          ++unheld;
+          not_nan_unheld += std::isnan(dev.last_grads[e]) ? 0 : 1;
+        }
+      }
+      EXPECT_EQ(nan_held, 0U);
+      EXPECT_EQ(not_nan_unheld, 0U) << "a gradient this member does not hold reads as a number";
+      if (world > c.replicas) {
+        EXPECT_GT(unheld, 0U);
+      }
+    } else {
+      EXPECT_EQ(scatters, 0U);
+    }
+    if (rank == 0) {
+      std::printf(
+          "[device_test] --shard %s R=%d: %lld steps, largest difference to the host path %.2e, %zu "
+          "gathers of device parameters, %zu reduce-scatters, %zu grouped sends/receives\n",
+          std::string(name_of(train::kShardNames, c.shard)).c_str(), c.replicas,
+          static_cast<long long>(dev.steps), worst(host.params, dev.params), gathers, scatters, p2p);
+    }
+    EXPECT_TRUE(api.misuse().empty());
+    EXPECT_EQ(api.live_comms(), 0);
+  }
+}
+
+// A member killed with sharded state on the device path. SINEW_DEVICE_KILL_STAGE=gradients (R = 2): killed
+// in backward at step 6, the survivors' NCCL reduce-scatter fails; optimizer (R = 2): killed before its
+// update at step 6, the survivors' NCCL all-gather of the updated parameters fails after they completed the
+// step. Either way they abort the communicator, shrink, take the dead member's shards from its replicas
+// (host record: the device parameters copied down, resharded over MPI, copied up), rebuild NCCL over the
+// two of them and go on after the last step they completed, from the same samples. The same run on the
+// host path (MPI, same fault) is the reference: ctest's torch.device-kill.np3 (device_kill.sh) runs it
+// first with SINEW_DEVICE_KILL=host, which writes rank 0's final parameters to SINEW_DEVICE_KILL_REFERENCE,
+// then with =device, which compares with them.
+TEST(TorchDeviceFailure, ShardedMemberKilledInBackwardRecoversInPlace) {
+  const char* mode = std::getenv("SINEW_DEVICE_KILL");
+  const char* path = std::getenv("SINEW_DEVICE_KILL_REFERENCE");
+  if (mode == nullptr || path == nullptr)
+    GTEST_SKIP() << "run by ctest's torch.device-kill.np3 (SINEW_DEVICE_KILL, SINEW_DEVICE_KILL_REFERENCE)";
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  ASSERT_EQ(world, 3) << "a test of 3 ranks";
+  const bool device = std::string(mode) == "device";
+  const char* stage = std::getenv("SINEW_DEVICE_KILL_STAGE");
+  const bool zero1 = stage != nullptr && std::string(stage) == "optimizer";
+  std::unique_ptr<FakeApi> api = device ? std::make_unique<FakeApi>() : nullptr;
+  const Outcome run = zero1 ? train_over(api.get(), train::ShardStage::kOptimizer, 2, "2:optimizer:6")
+                            : train_over(api.get(), train::ShardStage::kGradients, 2, "2:backward:6");
+  EXPECT_EQ(run.failures, 1);
+  EXPECT_EQ(run.world, 2);
+  EXPECT_GT(run.steps, 10);
+  if (rank != 0) return;
+  if (!device) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(run.params.data()),
+              static_cast<std::streamsize>(run.params.size() * sizeof(float)));
+    ASSERT_TRUE(out.good()) << "cannot write " << path;
+    return;
+  }
+  std::vector<float> ref(run.params.size());
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * sizeof(float)));
+  ASSERT_TRUE(in.good()) << "no reference parameters in " << path << " (the host run comes first)";
+  EXPECT_LE(worst(ref, run.params), 1e-5) << "the recovered device run differs from the recovered host run";
+  std::printf(
+      "[device_test] killed member, --shard %s R=2: %lld steps, recovered to %d ranks, largest "
+      "difference to the host path's recovery %.2e\n",
+      zero1 ? "optimizer" : "gradients", static_cast<long long>(run.steps), run.world,
+      worst(ref, run.params));
+  EXPECT_TRUE(api->misuse().empty());
 }

@@ -146,7 +146,11 @@ TEST(Options, DeviceCudaRefusesCpuOnlyChoices) {
       {{"--model", "cnn"}, "supports the models logreg and mlp"},
       {{"--allreduce", "ring"}, "--allreduce ring runs on the CPU only"},
       {{"--algorithm", "bytegrad", "--error-feedback", "true"}, "--error-feedback runs on the CPU only"},
+      {{"--shard", "parameters"}, "--shard parameters: not on a GPU"},
+      {{"--shard", "gradients", "--algorithm", "bytegrad"}, "not on a GPU (its quantised reduce-scatter"},
       {{}, nullptr},  // the plain run: accepted with CUDA support
+      {{"--shard", "optimizer", "--algorithm", "bytegrad"}, nullptr},  // sharded state on the GPU
+      {{"--shard", "gradients", "--shard-replicas", "2"}, nullptr},
   };
   for (const auto& c : cases) {
     std::vector<const char*> argv{"sinew-train", "--device", "cuda"};

@@ -80,7 +80,9 @@ std::unique_ptr<workload::Workload> make_workload(const workload::ModelSpec& o, 
   Model net = Model::build(o.model, {train.channels, train.height, train.width}, train.num_classes, o.seed);
   if (o.shard_optimizer) {
     if (o.device == "cuda")
-      SINEW_THROW(InvalidArgument, "--shard optimizer: not on a GPU yet (--device cuda); use --shard none");
+      SINEW_THROW(InvalidArgument,
+                  "--shard with --device cuda: for PyTorch models (the C++ API) only; the built-in models "
+                  "keep their optimiser on the GPU whole: use --shard none, or --device cpu to shard");
     optim::make_optimizer(o.optimizer, 0);  // its options are checked here
     return std::make_unique<ModelWorkload>(std::move(net), nullptr, train, test, o.optimizer.name);
   }

@@ -164,7 +164,10 @@ TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedT
   if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
   for (const NamedTensor& p : params_) check_parameter(p);
   if (device_of(params_, buffer_tensors_).is_cuda())
-    SINEW_THROW(InvalidArgument, "--shard: not on a GPU yet (the model is on a GPU); use --shard none");
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard: the model is on a GPU, and a torch.optim optimizer's shards are stepped on the CPU; "
+        "use shard=\"none\" on the GPU, or train on the CPU");
   init(optimizer, /*sharded=*/true);
 }
 
@@ -312,11 +315,16 @@ std::span<float> TorchWorkload::grads() { return span_of(host_grads_); }
 std::string TorchWorkload::optimizer_name() const {
   if (sharded_) return sharded_name_;
   if (external_) return external_->name;
+  return optimizer_name_unsharded();
+}
+
+std::string TorchWorkload::optimizer_name_unsharded() const {
   return device_optimizer_ ? device_optimizer_->name() : optimizer_->name();
 }
 
 std::vector<at::Tensor> TorchWorkload::state_tensors() {
   std::vector<at::Tensor> out;
+  if (sharded_) return out;  // the runtime's (train/shards.hpp)
   if (external_) {
     for (const NamedTensor& t : external_->state) out.push_back(t.tensor);
   } else if (device_optimizer_) {
@@ -427,10 +435,6 @@ class ExternalShard final : public optim::Optimizer {
 }  // namespace
 
 void TorchWorkload::shard_state() {
-  if (device_)
-    SINEW_THROW(InvalidArgument,
-                "--shard optimizer: not on a GPU yet (the model is on GPU {}); use --shard none",
-                device_->index);
   if (external_) {
     SINEW_THROW(
         InvalidArgument,
@@ -439,12 +443,21 @@ void TorchWorkload::shard_state() {
         external_->name);
   }
   sharded_ = true;
-  sharded_name_ = optimizer_->name();
-  optimizer_.reset();  // the runtime holds the state, by shards
+  sharded_name_ = optimizer_name_unsharded();
+  optimizer_.reset();  // the runtime holds the state, by shards (on a device: on the host, per shard)
+  device_optimizer_.reset();
+  host_state_.clear();
 }
 
 void TorchWorkload::use_sharded_optimizer(std::string name, ShardFactory make) {
   SINEW_ENFORCE(sharded_, "a sharded optimiser for a workload that does not shard its state");
+  if (device_) {
+    // Its shards would step host tensors the script's optimiser does not know; Sinew's own runs there.
+    SINEW_THROW(InvalidArgument,
+                "optimizer {}: a sharded optimizer state on a GPU (GPU {}) is updated on the host by Sinew's "
+                "own optimizer, not by a torch.optim one; use shard=\"none\" on the GPU, or train on the CPU",
+                name, device_->index);
+  }
   if (shards_made_) {
     // The runtime made its shards with Sinew's own optimiser already: this one would never be stepped.
     SINEW_THROW(
@@ -509,6 +522,22 @@ void TorchWorkload::to_host() {
   host_buffers_.copy_(flat_buffers_);
   const std::vector<at::Tensor> state = state_tensors();
   for (std::size_t k = 0; k < state.size(); ++k) host_state_[k].copy_(state[k]);
+}
+
+void TorchWorkload::grads_to_host(std::span<const Slice> ranges) {
+  if (!device_) return;
+  for (const Slice r : ranges) range_of(host_grads_, r).copy_(range_of(flat_grads_, r));
+}
+
+void TorchWorkload::params_to_device(std::span<const Slice> ranges) {
+  if (!device_) return;
+  at::NoGradGuard no_grad;
+  for (const Slice r : ranges) range_of(flat_params_, r).copy_(range_of(host_params_, r));
+}
+
+std::span<float> TorchWorkload::device_params() {
+  if (!device_) return {};
+  return {flat_params_.data_ptr<float>(), static_cast<std::size_t>(flat_params_.numel())};
 }
 
 void TorchWorkload::to_device() {

@@ -189,6 +189,9 @@ class TorchWorkload final : public workload::Workload {
   float* attach_device(int index) override;
   void to_host() override;
   void to_device() override;
+  void grads_to_host(std::span<const Slice> ranges) override;
+  void params_to_device(std::span<const Slice> ranges) override;
+  [[nodiscard]] std::span<float> device_params() override;
 
   // ---- a step, driven by the caller -----------------------------------------------------------------
   /// Where the hooks report final ranges (the session's grad_ready): on the host `ready`, on a device
@@ -248,6 +251,7 @@ class TorchWorkload final : public workload::Workload {
 
  private:
   void init(const optim::OptimizerOptions& optimizer, bool sharded = false);
+  [[nodiscard]] std::string optimizer_name_unsharded() const;  // Sinew's fused optimiser's
   void report(std::size_t i);
 
   std::vector<NamedTensor> params_, buffer_tensors_;

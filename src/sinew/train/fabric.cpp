@@ -86,7 +86,7 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
     // On the GPU the algorithm object stays the run's (its name, its step through the workload's
     // optimiser); the buckets are reduced as it declares.
     bucketer_ = gpu_->bucketer(*algorithm_, device_grads, grads.size(), ready_order, bucket_bytes, s.op,
-                               s.algorithm.chunk);
+                               s.algorithm.chunk, s.device_scatter);
     return;
   }
   comm::BucketOptions bo;
@@ -105,6 +105,8 @@ Fabric::Fabric(const membership::Group& group, const FabricSetup& s)
 Fabric::~Fabric() = default;
 
 comm::Backend& Fabric::backend() noexcept { return *backend_; }
+
+comm::Backend* Fabric::device_backend() noexcept { return gpu_ ? &gpu_->backend() : nullptr; }
 
 double Fabric::abort() noexcept {
   const double ms = gpu_ ? gpu_->abort() : 0;

@@ -28,6 +28,7 @@
 #include "sinew/comm/backend.hpp"
 #include "sinew/comm/bucketer.hpp"
 #include "sinew/core/fault.hpp"
+#include "sinew/train/gpu_fabric.hpp"
 
 namespace sinew::checkpoint {
 class Writer;
@@ -46,8 +47,6 @@ class Workload;
 }
 
 namespace sinew::train {
-
-class GpuFabric;
 
 /// What every view's fabric is built with (the same for all views of a run).
 struct FabricSetup {
@@ -73,6 +72,8 @@ struct FabricSetup {
   /// first time) and returns the gradients in device memory (the flat layout), which NCCL then reduces
   /// as the algorithm declares (algo::DeviceReduction). Empty: the CPU path.
   std::function<float*(comm::Backend& view)> attach_device;
+  /// --shard gradients on a GPU: the device bucketer's reduce-scatter of a bucket, instead of scatter_bucket.
+  DeviceScatter device_scatter;
   /// The NCCL entry points; null: the real library (tests put comm::nccl::FakeApi here).
   comm::nccl::Api* nccl_api = nullptr;
 };
@@ -93,6 +94,8 @@ class Fabric {
   double abort() noexcept;
 
   [[nodiscard]] comm::Backend& backend() noexcept;
+  /// --device cuda: the NCCL backend over the same view (device memory); null on the CPU.
+  [[nodiscard]] comm::Backend* device_backend() noexcept;
   [[nodiscard]] algo::Algorithm& algorithm() noexcept { return *algorithm_; }
 
   /// Bytes this rank sent for the algorithm since the last call (the algorithm's, or ByteGrad's on the GPU).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,6 +26,12 @@ class Api;
 
 namespace sinew::train {
 
+/// --shard gradients on a GPU: enqueues the reduce-scatter of the `count` device floats at `data` (at
+/// `offset` in the gradients) over the NCCL backend and returns the Work that completes with it
+/// (ShardedOptimizer::scatter_bucket_device).
+using DeviceScatter = std::function<std::unique_ptr<comm::Work>(comm::Backend&, float* data,
+                                                                std::size_t count, std::size_t offset)>;
+
 class GpuFabric {
  public:
   GpuFabric() = default;
@@ -39,12 +46,16 @@ class GpuFabric {
   virtual double abort() noexcept = 0;
   /// Milliseconds the NCCL communicator took to bootstrap and initialise.
   [[nodiscard]] virtual double init_ms() const = 0;
-  /// The bucketer over the `n` device floats at `grads`, reducing as `algorithm` declares; it must be
-  /// destroyed before this object. Throws InvalidArgument for an algorithm that runs on the CPU only.
+  /// The NCCL backend (device memory), for the collectives of a sharded state.
+  [[nodiscard]] virtual comm::Backend& backend() = 0;
+  /// The bucketer over the `n` device floats at `grads`, reducing as `algorithm` declares, or with
+  /// `scatter` (--shard gradients: a bucket's reduce-scatter to its shards' holders, FabricSetup's) instead
+  /// of the allreduce; it must be destroyed before this object. Throws InvalidArgument for an algorithm
+  /// that runs on the CPU only, or for `scatter` with one that is not the exact allreduce.
   virtual std::unique_ptr<comm::Bucketer> bucketer(const algo::Algorithm& algorithm, float* grads,
                                                    std::size_t n, const std::vector<Slice>& ready_order,
                                                    std::size_t bucket_bytes, const comm::Options& op,
-                                                   std::size_t chunk) = 0;
+                                                   std::size_t chunk, const DeviceScatter& scatter) = 0;
 };
 
 /// Collective over `view`: creates the NCCL communicator (`api` null: the real library). Throws

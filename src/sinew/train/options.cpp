@@ -391,8 +391,16 @@ void validate_shard(const Config& c) {
                 "shards from the reduced gradients), not with {}: use --shard none",
                 stage, name_of(algo::kAlgorithmNames, c.algorithm));
   }
-  if (c.device == "cuda")
-    SINEW_THROW(InvalidArgument, "--shard {}: not on a GPU yet (--device cuda); use --shard none", stage);
+  if (c.device == "cuda" && c.shard == ShardStage::kParameters) {
+    SINEW_THROW(InvalidArgument,
+                "--shard parameters: not on a GPU (its units are gathered and released in host memory); use "
+                "--shard gradients or optimizer with --device cuda");
+  }
+  if (c.device == "cuda" && c.shard == ShardStage::kGradients && c.algorithm == algo::Kind::kByteGrad) {
+    SINEW_THROW(InvalidArgument,
+                "--shard gradients with --algorithm bytegrad: not on a GPU (its quantised reduce-scatter is "
+                "the CPU's); use --shard optimizer or --algorithm gradient_allreduce with --device cuda");
+  }
 }
 }  // namespace
 

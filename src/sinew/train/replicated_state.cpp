@@ -354,6 +354,10 @@ void ReplicatedState::reshard(comm::Backend& backend, const comm::Options& op, i
   if (any[0] != 0) {
     float lr[1] = {shards_->last_lr()};
     backend.broadcast_sync(comm::Buffer::of(std::span<float>(lr)), root, op);
+    if (backend.rank() == root) {  // on a GPU the step brought its held ranges to the host only
+      const Slice all{0, work_.grads().size()};
+      work_.grads_to_host(std::span<const Slice>(&all, 1));
+    }
     backend.broadcast_sync(comm::Buffer::of(work_.grads()), root, op);
     if (behind) {
       shards_->step(work_.params(), work_.grads(), lr[0]);

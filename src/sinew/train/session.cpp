@@ -172,7 +172,11 @@ struct Session::Impl {
   void gather_shards() {
     if (!shards || !shards->stale()) return;
     const auto t = Clock::now();
-    shards->gather(fabric().backend(), work.params(), setup.op);
+    if (comm::Backend* nccl = fabric().device_backend()) {
+      shards->gather(*nccl, work.device_params(), setup.op);  // in device memory (the host record is stale)
+    } else {
+      shards->gather(fabric().backend(), work.params(), setup.op);
+    }
     gather_ms += ms_since(t);
   }
 
@@ -190,16 +194,29 @@ struct Session::Impl {
         spdlog::info("algorithm: {} ({})", ev.value("chosen", ""), ev.value("reason", ""));
     };
     if (work.on_device()) s.attach_device = [this](comm::Backend& view) { return attach_device(view); };
-    if (cfg.shard != ShardStage::kNone)
-      s.optimizer_step = [this](float rate) { shards->step(work.params(), work.grads(), rate); };
+    if (cfg.shard != ShardStage::kNone) s.optimizer_step = [this](float rate) { step_shards(rate); };
     if (cfg.shard == ShardStage::kParameters) s.bucket_backlog = 2;
-    if (cfg.shard == ShardStage::kGradients || cfg.shard == ShardStage::kParameters) {
+    if (cfg.shard == ShardStage::kGradients && work.on_device()) {
+      s.device_scatter = [this](comm::Backend& nccl, float* data, std::size_t count, std::size_t offset) {
+        return shards->scatter_bucket_device(nccl, {data, count}, offset, setup.op);
+      };
+    } else if (cfg.shard == ShardStage::kGradients || cfg.shard == ShardStage::kParameters) {
       s.scatter_bucket = [this](comm::Backend& b, std::span<float> bucket, std::size_t offset,
                                 const algo::Quantization* q) {
         shards->scatter_bucket(b, bucket, offset, setup.op, q);
       };
     }
     return s;
+  }
+
+  /// A sharded update. On a GPU the shards are stepped on the host (their state is there, ZeRO-Offload's
+  /// placement): the held ranges' reduced gradients come device -> host and their updated parameters go
+  /// back, and gather_shards() all-gathers them in device memory.
+  void step_shards(float rate) {
+    const std::vector<Slice> held = shards->held_ranges();
+    work.grads_to_host(held);
+    shards->step(work.params(), work.grads(), rate);
+    work.params_to_device(held);
   }
 
   /// A workload on a GPU, in every fabric's construction (collective): a member keeps its GPU; the first
@@ -597,10 +614,8 @@ void Session::end_step(double local_loss) { impl_->end_step(local_loss); }
 void Session::report_lr(float lr) { impl_->reported_lr = lr; }
 void Session::reduce() { impl_->reduce(); }
 std::vector<Slice> Session::sharded_gradients() const {
-  std::vector<Slice> r;
-  if (impl_->shards && impl_->shards->gradients_sharded())
-    for (const auto& h : impl_->shards->held()) r.push_back(h.range);
-  return r;
+  if (impl_->shards && impl_->shards->gradients_sharded()) return impl_->shards->held_ranges();
+  return {};
 }
 void Session::gather_params(std::span<const Slice> ranges) {
   auto& i = *impl_;

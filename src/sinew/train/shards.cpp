@@ -253,27 +253,9 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
     std::copy(out.begin(), out.end(), local(mine).begin());
   }
   if (quantized == nullptr) {
-    // The shards' other holders: the owner's reduced part, point to point.
-    comm::Options o = op;
-    o.tag = kTagScatter;
-    std::vector<std::unique_ptr<comm::Work>> works;
-    std::uint64_t sent = 0;
-    const Slice own = in_bucket(rank_);
-    if (own.count > 0) {
-      for (const int h : layout_.holders(rank_)) {
-        if (h == rank_) continue;
-        works.push_back(backend.send(comm::Buffer::of(local(own)), h, o));
-        sent += own.count * sizeof(float);
-      }
-    }
-    for (const auto& h : held_) {
-      const Slice part = intersect(h.range, whole);
-      if (h.shard != rank_ && part.count > 0)
-        works.push_back(backend.recv(comm::Buffer::of(local(part)), h.shard, o));
-    }
-    for (auto& w : works) w->wait(op.timeout);
+    if (auto w = send_to_replicas(backend, bucket, offset, op)) w->wait(op.timeout);
     const auto w = static_cast<std::uint64_t>(layout_.world);
-    bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w + sent;
+    bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w;
   }
   if (parameters_sharded_) {
     // ZeRO-3: what this member does not hold goes back to the system (it reads as zero).
@@ -288,10 +270,74 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
   }
 }
 
+std::unique_ptr<comm::Work> ShardedOptimizer::send_to_replicas(comm::Backend& backend,
+                                                               std::span<float> bucket, std::size_t offset,
+                                                               const comm::Options& op) {
+  // The shards' other holders: the owner's reduced part, point to point, all posted together (one NCCL group
+  // on the GPU, where two holders that send each other their parts would otherwise deadlock).
+  comm::Options o = op;
+  o.tag = kTagScatter;
+  const Slice whole{offset, bucket.size()};
+  const auto local = [&](Slice r) { return bucket.subspan(r.offset - offset, r.count); };
+  std::vector<comm::Backend::Message> sends, recvs;
+  if (const Slice own = intersect(layout_.shard(rank_), whole); own.count > 0) {
+    for (const int h : layout_.holders(rank_)) {
+      if (h == rank_) continue;
+      sends.push_back({comm::Buffer::of(local(own)), h});
+      bytes_sent_ += own.count * sizeof(float);
+    }
+  }
+  for (const auto& h : held_) {
+    const Slice part = intersect(h.range, whole);
+    if (h.shard != rank_ && part.count > 0) recvs.push_back({comm::Buffer::of(local(part)), h.shard});
+  }
+  return backend.exchange(sends, recvs, o);
+}
+
+std::unique_ptr<comm::Work> ShardedOptimizer::scatter_bucket_device(comm::Backend& backend,
+                                                                    std::span<float> bucket,
+                                                                    std::size_t offset,
+                                                                    const comm::Options& op) {
+  SINEW_ENFORCE(
+      arranged() && backend.size() == layout_.world && backend.rank() == rank_ && !parameters_sharded_,
+      "a device gradient reduce-scatter over a view of {} as member {}, the shards are laid out over {} as "
+      "{}",
+      backend.size(), backend.rank(), layout_.world, rank_);
+  const Slice whole{offset, bucket.size()};
+  const auto local = [&](Slice r) { return bucket.subspan(r.offset - offset, r.count); };
+  std::vector<std::size_t> counts(static_cast<std::size_t>(layout_.world));
+  for (int s = 0; s < layout_.world; ++s)
+    counts[static_cast<std::size_t>(s)] = intersect(layout_.shard(s), whole).count;
+  // Everything is enqueued in order on the backend's stream, nothing waited for here (the device bucketer
+  // calls this on the compute thread): the reduce-scatter in place (this member's block of the bucket is its
+  // own shard's part), the replicas' parts, then NaN over what this member does not hold (all bytes 0xff: a
+  // NaN), so that a read of a partial sum shows.
+  std::vector<std::unique_ptr<comm::Work>> works;
+  const Slice mine = intersect(layout_.shard(rank_), whole);
+  works.push_back(backend.reduce_scatter(comm::Buffer::of(bucket), comm::Buffer::of(local(mine)), counts,
+                                         comm::ReduceOp::kSum, op));
+  works.push_back(send_to_replicas(backend, bucket, offset, op));
+  for (int s = 0; s < layout_.world; ++s) {
+    const Slice part = intersect(layout_.shard(s), whole);
+    if (part.count > 0 && !holds(part.offset))
+      works.push_back(backend.fill(comm::Buffer::of(local(part)), 0xff));
+  }
+  const auto w = static_cast<std::uint64_t>(layout_.world);
+  bytes_sent_ += (w - 1) * bucket.size() * sizeof(float) / w;
+  return comm::all_of(std::move(works));
+}
+
 void ShardedOptimizer::discard() {
   held_.clear();
   rank_ = -1;
   stale_ = false;
+}
+
+std::vector<Slice> ShardedOptimizer::held_ranges() const {
+  std::vector<Slice> r;
+  r.reserve(held_.size());
+  for (const auto& h : held_) r.push_back(h.range);
+  return r;
 }
 
 NamedSpans ShardedOptimizer::own_state() {

@@ -130,6 +130,13 @@ class ShardedOptimizer {
   /// stay bitwise equal.
   void scatter_bucket(comm::Backend& backend, std::span<float> bucket, std::size_t offset,
                       const comm::Options& op, const algo::Quantization* quantized = nullptr);
+  /// The same for gradients in device memory (--device cuda), over the NCCL backend: the reduce-scatter runs
+  /// in place, the owners' parts go to the other holders in one NCCL group, and the ranges this member does
+  /// not hold are set to NaN on the device. Enqueues it all on the backend's stream and returns without
+  /// waiting: the Work completes with the last of it (the device bucketer's reduction of one bucket). Not
+  /// with sharded parameters, nor quantised (refused by the options).
+  std::unique_ptr<comm::Work> scatter_bucket_device(comm::Backend& backend, std::span<float> bucket,
+                                                    std::size_t offset, const comm::Options& op);
   /// Whether element `e` of the flat buffer is in a shard this member holds.
   [[nodiscard]] bool holds(std::size_t e) const;
 
@@ -173,6 +180,9 @@ class ShardedOptimizer {
     release(buf, std::span<const Slice>(&all, 1));
   }
 
+  /// The ranges of the flat buffer this member holds, owner's shard first.
+  [[nodiscard]] std::vector<Slice> held_ranges() const;
+
   /// The held shards with their state, owner's shard first.
   struct Held {
     int shard = 0;
@@ -203,6 +213,10 @@ class ShardedOptimizer {
   /// release() with the shards of `rank` in `layout` as the held ones.
   static void release_except(std::span<float> buf, std::span<const Slice> ranges, const ShardLayout& layout,
                              int rank);
+  /// scatter_bucket's second half: each owner's reduced part of `bucket` to its shard's other holders, all
+  /// posted at once (null: nothing to send or receive).
+  std::unique_ptr<comm::Work> send_to_replicas(comm::Backend& backend, std::span<float> bucket,
+                                               std::size_t offset, const comm::Options& op);
 
   Factory make_;
   std::size_t total_;

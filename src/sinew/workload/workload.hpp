@@ -186,6 +186,14 @@ class Workload {
   /// host buffers, and back after it wrote them. No-ops on the host.
   virtual void to_host() {}
   virtual void to_device() {}
+  /// A sharded optimiser state on a device (--shard optimizer|gradients with --device cuda): its shards are
+  /// updated on the host (train/shards.hpp), so the reduced gradients of the held `ranges` come device ->
+  /// grads() and the updated parameters of those ranges go params() -> device. The parameters in device
+  /// memory (params()' layout) are what the runtime all-gathers there afterwards. No-ops, and empty, on the
+  /// host; a device workload that cannot shard its optimiser state keeps them so (the options refuse it).
+  virtual void grads_to_host(std::span<const Slice> ranges) { (void)ranges; }
+  virtual void params_to_device(std::span<const Slice> ranges) { (void)ranges; }
+  [[nodiscard]] virtual std::span<float> device_params() { return {}; }
 };
 
 }  // namespace sinew::workload

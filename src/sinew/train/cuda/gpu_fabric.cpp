@@ -21,7 +21,17 @@ class DeviceReduction final : public comm::Bucketer {
  public:
   DeviceReduction(comm::nccl::NcclBackend& nccl, const algo::Algorithm& a, float* grads, std::size_t n,
                   const std::vector<Slice>& ready_order, comm::nccl::DeviceBucketOptions dbo,
-                  std::size_t chunk) {
+                  std::size_t chunk, const DeviceScatter& scatter) {
+    if (scatter && a.device_reduction() != algo::DeviceReduction::kAllreduce) {
+      SINEW_THROW(InvalidArgument,
+                  "--shard gradients on a GPU reduce-scatters the exact gradients: not with --algorithm {}",
+                  a.name());
+    }
+    if (scatter) {
+      dbo.reduce = [&nccl, scatter](float* data, std::size_t count, std::size_t offset) {
+        return scatter(nccl, data, count, offset);
+      };
+    }
     switch (a.device_reduction()) {
       case algo::DeviceReduction::kNone:
         SINEW_THROW(InvalidArgument, "--algorithm {} runs on the CPU only (gradients in host memory)",
@@ -66,13 +76,15 @@ class NcclFabric final : public GpuFabric {
     return seconds_since(t) * 1e3;
   }
   [[nodiscard]] double init_ms() const override { return nccl_.init_ms(); }
+  [[nodiscard]] comm::Backend& backend() override { return nccl_; }
   std::unique_ptr<comm::Bucketer> bucketer(const algo::Algorithm& a, float* grads, std::size_t n,
                                            const std::vector<Slice>& ready_order, std::size_t bucket_bytes,
-                                           const comm::Options& op, std::size_t chunk) override {
+                                           const comm::Options& op, std::size_t chunk,
+                                           const DeviceScatter& scatter) override {
     comm::nccl::DeviceBucketOptions dbo;
     dbo.bucket_bytes = bucket_bytes;
     dbo.op = op;
-    return std::make_unique<DeviceReduction>(nccl_, a, grads, n, ready_order, std::move(dbo), chunk);
+    return std::make_unique<DeviceReduction>(nccl_, a, grads, n, ready_order, std::move(dbo), chunk, scatter);
   }
 
  private:
