@@ -328,18 +328,21 @@ TEST(TorchDevice, ShardedStateOverTheFakeNcclTrainsAsTheHostPath) {
 // host path (MPI, same fault) is the reference: ctest's torch.device-kill.np3 (device_kill.sh) runs it
 // first with SINEW_DEVICE_KILL=host, which writes rank 0's final parameters to SINEW_DEVICE_KILL_REFERENCE,
 // then with =device, which compares with them.
-TEST(TorchDeviceFailure, ShardedMemberKilledInBackwardRecoversInPlace) {
-  const char* mode = std::getenv("SINEW_DEVICE_KILL");
-  const char* path = std::getenv("SINEW_DEVICE_KILL_REFERENCE");
-  if (mode == nullptr || path == nullptr)
+TEST(TorchDeviceFailure, ShardedMemberKilledRecoversInPlace) {
+  // (Read before the session starts any thread.)
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
+    return v != nullptr ? v : "";
+  };
+  const std::string mode = env("SINEW_DEVICE_KILL"), path = env("SINEW_DEVICE_KILL_REFERENCE");
+  if (mode.empty() || path.empty())
     GTEST_SKIP() << "run by ctest's torch.device-kill.np3 (SINEW_DEVICE_KILL, SINEW_DEVICE_KILL_REFERENCE)";
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_EQ(world, 3) << "a test of 3 ranks";
-  const bool device = std::string(mode) == "device";
-  const char* stage = std::getenv("SINEW_DEVICE_KILL_STAGE");
-  const bool zero1 = stage != nullptr && std::string(stage) == "optimizer";
+  const bool device = mode == "device";
+  const bool zero1 = env("SINEW_DEVICE_KILL_STAGE") == "optimizer";
   std::unique_ptr<FakeApi> api = device ? std::make_unique<FakeApi>() : nullptr;
   const Outcome run = zero1 ? train_over(api.get(), train::ShardStage::kOptimizer, 2, "2:optimizer:6")
                             : train_over(api.get(), train::ShardStage::kGradients, 2, "2:backward:6");
