@@ -113,9 +113,18 @@ step train_cuda_resume 120 "$bin/sinew-train" --device cuda --epochs 2 "${common
   --checkpoint-dir "$tmp/ckpt" --resume auto
 step train_cuda_bytegrad 120 "$bin/sinew-train" --device cuda --algorithm bytegrad --epochs 1 "${common[@]}" \
   --metrics "$tmp/bytegrad.jsonl"
+# Sharded optimiser state on the GPU (docs/sharding.md#on-a-gpu), one rank (NCCL puts no two ranks of a
+# communicator on one GPU): the update on the host, the gradients down and the parameters up, the gather and
+# (gradients) the reduce-scatter over NCCL in device memory.
+step train_cuda_shard_optimizer 120 "$bin/sinew-train" --device cuda --shard optimizer --epochs 1 "${common[@]}" \
+  --metrics "$tmp/shard-optimizer.jsonl"
+step train_cuda_shard_gradients 120 "$bin/sinew-train" --device cuda --shard gradients --epochs 1 "${common[@]}" \
+  --metrics "$tmp/shard-gradients.jsonl"
 echo
-echo "=== done lines (test accuracy: CPU 2 epochs, GPU 1 epoch + resumed 2nd epoch, ByteGrad on GPU 1 epoch)"
-grep -h '"event":"done"' "$tmp/cpu.jsonl" "$tmp/cuda.jsonl" "$tmp/bytegrad.jsonl"
+echo "=== done lines (test accuracy: CPU 2 epochs, GPU 1 epoch + resumed 2nd epoch, ByteGrad on GPU 1 epoch,"
+echo "    sharded optimizer and gradients on GPU 1 epoch each)"
+grep -h '"event":"done"' "$tmp/cpu.jsonl" "$tmp/cuda.jsonl" "$tmp/bytegrad.jsonl" "$tmp/shard-optimizer.jsonl" \
+  "$tmp/shard-gradients.jsonl"
 [ -n "${OUT:-}" ] && cp "$tmp"/*.jsonl "$OUT/" 2>/dev/null
 echo
 echo "device_check: $failures step(s) failed"

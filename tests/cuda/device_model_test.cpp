@@ -327,5 +327,33 @@ TEST(DeviceModelState, DownloadUploadRoundTrip) {
   EXPECT_THROW(dev.upload(wrong, *opt), InvalidArgument);
 }
 
+// A sharded optimiser state (--shard optimizer|gradients on a GPU): the device holds no state, the runtime
+// copies ranges of the gradients down and of the parameters up (train/shards.hpp, DeviceWorkload).
+TEST(DeviceModelState, WithoutOptimizerStateRangesMoveAndItsOwnStepIsRefused) {
+  SINEW_REQUIRE_GPU();
+  optim::OptimizerOptions opts;
+  opts.name = "adam";
+  Model host = Model::build("mlp:32,16", kInput, kClasses, 5);
+  DeviceModel dev(host, opts, /*optimizer_state=*/false);
+  EXPECT_FALSE(dev.has_optimizer_state());
+  const Batch b = random_batch(16, 40);
+  (void)dev.train_batch(b.x.data(), b.labels.data(), 16, 16, false);
+  const std::vector<float> grads = grads_of(dev);
+  const std::size_t n = dev.num_params(), lo = n / 3, count = n / 2;
+  std::vector<float> part(count);
+  dev.download_grads(part, lo);
+  EXPECT_EQ(part, std::vector<float>(grads.begin() + static_cast<std::ptrdiff_t>(lo),
+                                     grads.begin() + static_cast<std::ptrdiff_t>(lo + count)));
+  std::vector<float> want = params_of(dev);
+  for (std::size_t i = 0; i < count; ++i) part[i] = static_cast<float>(i) * 0.5f;
+  dev.upload_params(part, lo);
+  std::copy(part.begin(), part.end(), want.begin() + static_cast<std::ptrdiff_t>(lo));
+  EXPECT_EQ(params_of(dev), want) << "only the range changed";
+  EXPECT_THROW(dev.upload_params(part, n - 1), InvalidArgument) << "past the end";
+  EXPECT_THROW(dev.optimizer_step(1e-2f), InternalError);
+  auto opt = optim::make_optimizer(opts, host.num_params());
+  EXPECT_THROW(dev.download(host, *opt), InternalError);
+}
+
 }  // namespace
 }  // namespace sinew::model::cuda

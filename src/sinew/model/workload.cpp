@@ -78,24 +78,23 @@ std::unique_ptr<workload::Workload> make_workload(const workload::ModelSpec& o, 
   const data::Dataset& train = data.train;
   const data::Dataset& test = data.test;
   Model net = Model::build(o.model, {train.channels, train.height, train.width}, train.num_classes, o.seed);
+  std::unique_ptr<ModelWorkload> work;
   if (o.shard_optimizer) {
-    if (o.device == "cuda")
-      SINEW_THROW(InvalidArgument,
-                  "--shard with --device cuda: for PyTorch models (the C++ API) only; the built-in models "
-                  "keep their optimiser on the GPU whole: use --shard none, or --device cpu to shard");
+    // The runtime holds the optimiser's state, by shards (train/shards.hpp), on the host: on a GPU too.
     optim::make_optimizer(o.optimizer, 0);  // its options are checked here
-    return std::make_unique<ModelWorkload>(std::move(net), nullptr, train, test, o.optimizer.name);
+    work = std::make_unique<ModelWorkload>(std::move(net), nullptr, train, test, o.optimizer.name);
+  } else {
+    auto optimizer = optim::make_optimizer(o.optimizer, net.num_params());
+    work = std::make_unique<ModelWorkload>(std::move(net), std::move(optimizer), train, test);
   }
-  auto optimizer = optim::make_optimizer(o.optimizer, net.num_params());
   if (o.device == "cuda") {
 #if SINEW_HAVE_CUDA
-    return std::make_unique<cuda::DeviceWorkload>(
-        std::make_unique<ModelWorkload>(std::move(net), std::move(optimizer), train, test), o.optimizer);
+    return std::make_unique<cuda::DeviceWorkload>(std::move(work), o.optimizer);
 #else
     SINEW_THROW(InvalidArgument, "--device cuda: this build of Sinew has no GPU support; use --device cpu");
 #endif
   }
-  return std::make_unique<ModelWorkload>(std::move(net), std::move(optimizer), train, test);
+  return work;
 }
 
 }  // namespace sinew::model

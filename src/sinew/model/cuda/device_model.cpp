@@ -38,7 +38,7 @@ void check_supported(const Model& host) {
   }
 }
 
-DeviceModel::DeviceModel(const Model& host, const optim::OptimizerOptions& opt)
+DeviceModel::DeviceModel(const Model& host, const optim::OptimizerOptions& opt, bool optimizer_state)
     : input_dim_(checked(host, opt).input_shape().size()),
       classes_(host.num_classes()),
       num_params_(host.num_params()),
@@ -68,7 +68,8 @@ DeviceModel::DeviceModel(const Model& host, const optim::OptimizerOptions& opt)
   grads_ = sinew::cuda::DeviceBuffer<float>(num_params_);
   params_.upload(host.params(), s);
   grads_.zero(s);
-  const std::size_t state_count = adam_ ? 2 : (opt_.momentum > 0.f ? 1 : 0);
+  has_state_ = optimizer_state;
+  const std::size_t state_count = !has_state_ ? 0 : adam_ ? 2 : (opt_.momentum > 0.f ? 1 : 0);
   for (std::size_t k = 0; k < state_count; ++k) {
     state_[k] = sinew::cuda::DeviceBuffer<float>(num_params_);
     state_[k].zero(s);
@@ -229,6 +230,8 @@ std::pair<double, std::size_t> DeviceModel::evaluate(const float* x, const std::
 }
 
 void DeviceModel::optimizer_step(float lr) {
+  SINEW_ENFORCE(has_state_,
+                "a device optimiser step of a model whose optimiser state is sharded on the host");
   if (!(lr >= 0) || !std::isfinite(lr)) {
     SINEW_THROW(InvalidArgument, "optimizer '{}': learning rate must be finite and >= 0, got {}", opt_.name,
                 lr);
@@ -260,6 +263,7 @@ std::vector<std::pair<const char*, sinew::cuda::DeviceBuffer<float>*>> DeviceMod
 }
 
 void DeviceModel::check_host(const Model& host, optim::Optimizer& opt, const char* what) {
+  SINEW_ENFORCE(has_state_, "DeviceModel::{} of the optimiser state, but it is sharded on the host", what);
   if (host.num_params() != num_params_) {
     SINEW_THROW(InvalidArgument, "DeviceModel::{}: the host model has {} parameters, the device model {}",
                 what, host.num_params(), num_params_);
@@ -303,13 +307,18 @@ void DeviceModel::upload(const Model& host, const optim::Optimizer& opt) {
   steps_ = opt.steps();
 }
 
-void DeviceModel::download_params(std::span<float> out) {
-  params_.download(out, stream_.get());
+void DeviceModel::download_params(std::span<float> out, std::size_t offset) {
+  params_.download(out, stream_.get(), offset);
   synchronize();
 }
 
-void DeviceModel::download_grads(std::span<float> out) {
-  grads_.download(out, stream_.get());
+void DeviceModel::download_grads(std::span<float> out, std::size_t offset) {
+  grads_.download(out, stream_.get(), offset);
+  synchronize();
+}
+
+void DeviceModel::upload_params(std::span<const float> in, std::size_t offset) {
+  params_.upload(in, stream_.get(), offset);
   synchronize();
 }
 

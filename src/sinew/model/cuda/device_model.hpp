@@ -42,7 +42,10 @@ class DeviceModel {
   /// optimiser state at zero and steps() at 0 (upload() restores a trained state). Throws InvalidArgument
   /// for unsupported layers or optimiser options (the checks of optim::make_optimizer), CudaError if the
   /// GPU fails.
-  DeviceModel(const Model& host, const optim::OptimizerOptions& opt);
+  /// `optimizer_state` false: a sharded optimiser state (--shard optimizer|gradients) is the runtime's, on
+  /// the host (train/shards.hpp): the device holds no state, and optimizer_step(), download() and upload()
+  /// are refused (the parameters and gradients move with the copies below).
+  DeviceModel(const Model& host, const optim::OptimizerOptions& opt, bool optimizer_state = true);
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
   DeviceModel(DeviceModel&&) = delete;  // the ready events and the cuBLAS handle refer to stream_
@@ -90,9 +93,13 @@ class DeviceModel {
   /// The reverse: host.params(), opt.state() and opt.steps() to the device.
   void upload(const Model& host, const optim::Optimizer& opt);
 
-  /// Synchronous copies of the parameters or gradients alone (out.size() == num_params()).
-  void download_params(std::span<float> out);
-  void download_grads(std::span<float> out);
+  /// Synchronous copies of the parameters or gradients alone: elements [offset, offset + out.size()).
+  void download_params(std::span<float> out, std::size_t offset = 0);
+  void download_grads(std::span<float> out, std::size_t offset = 0);
+  /// The parameters' elements [offset, offset + in.size()) from the host, synchronously.
+  void upload_params(std::span<const float> in, std::size_t offset = 0);
+  /// Whether it holds the optimiser's state (the constructor's `optimizer_state`).
+  [[nodiscard]] bool has_optimizer_state() const noexcept { return has_state_; }
 
   /// Waits for all work on stream(); throws CudaError if some of it failed.
   void synchronize();
@@ -124,6 +131,7 @@ class DeviceModel {
   optim::OptimizerOptions opt_;
   bool adam_ = false;
   std::int64_t steps_ = 0;
+  bool has_state_ = true;
 
   sinew::cuda::Stream stream_;
   sinew::cuda::Blas blas_;

@@ -34,8 +34,8 @@ float* DeviceWorkload::attach_device(int index) {
     SINEW_CUDA(cudaSetDevice(index));
     index_ = index;
     description_ = fmt::format("cuda:{} ({})", index, sinew::cuda::describe(index));
-    device_ = std::make_unique<DeviceModel>(host_->model(), options_);
-    device_->upload(host_->model(), host_->optimizer());
+    device_ = std::make_unique<DeviceModel>(host_->model(), options_, host_->has_optimizer());
+    to_device();
   }
   return device_->grads();
 }
@@ -69,16 +69,37 @@ workload::EvalSums DeviceWorkload::evaluate(std::span<const std::size_t> indices
 }
 
 void DeviceWorkload::optimizer_step(float lr) {
-  net().optimizer_step(lr);
+  net().optimizer_step(lr);  // (refused with a sharded state: the runtime steps the shards)
   host_->set_optimizer_steps(device_->steps());
 }
 
 void DeviceWorkload::to_host() {
-  if (device_) device_->download(host_->model(), host_->optimizer());
+  if (!device_) return;
+  if (host_->has_optimizer()) {
+    device_->download(host_->model(), host_->optimizer());
+  } else {
+    device_->download_params(host_->params());
+  }
 }
 
 void DeviceWorkload::to_device() {
-  if (device_) device_->upload(host_->model(), host_->optimizer());
+  if (!device_) return;
+  if (host_->has_optimizer()) {
+    device_->upload(host_->model(), host_->optimizer());
+  } else {
+    device_->upload_params(host_->params());
+  }
 }
+
+void DeviceWorkload::grads_to_host(std::span<const Slice> ranges) {
+  // The reduction that wrote them has completed (the runtime waited for it before the update).
+  for (const Slice r : ranges) net().download_grads(r.of(host_->grads()), r.offset);
+}
+
+void DeviceWorkload::params_to_device(std::span<const Slice> ranges) {
+  for (const Slice r : ranges) net().upload_params(r.of(host_->params()), r.offset);
+}
+
+std::span<float> DeviceWorkload::device_params() { return {net().params(), net().num_params()}; }
 
 }  // namespace sinew::model::cuda

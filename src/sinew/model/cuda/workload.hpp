@@ -33,6 +33,9 @@ class DeviceWorkload final : public workload::Workload {
   [[nodiscard]] std::span<float> params() override { return host_->params(); }
   [[nodiscard]] std::span<float> grads() override { return host_->grads(); }
   [[nodiscard]] std::string optimizer_name() const override { return host_->optimizer_name(); }
+  /// False over a host workload built for a sharded optimiser state (ModelSpec::shard_optimizer): the device
+  /// then holds parameters and gradients only, and the runtime steps the shards on the host.
+  [[nodiscard]] bool has_optimizer() const override { return host_->has_optimizer(); }
   [[nodiscard]] NamedSpans optimizer_state() override { return host_->optimizer_state(); }
   [[nodiscard]] std::int64_t optimizer_steps() const override { return host_->optimizer_steps(); }
   void set_optimizer_steps(std::int64_t steps) override { host_->set_optimizer_steps(steps); }
@@ -49,6 +52,9 @@ class DeviceWorkload final : public workload::Workload {
   float* attach_device(int index) override;
   void to_host() override;
   void to_device() override;
+  void grads_to_host(std::span<const Slice> ranges) override;
+  void params_to_device(std::span<const Slice> ranges) override;
+  [[nodiscard]] std::span<float> device_params() override;
 
  private:
   DeviceModel& net();
