@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +39,7 @@
 #include "sinew/mpi/environment.hpp"
 
 using namespace sinew;
+using comm::Backend;
 using comm::Buffer;
 using comm::DType;
 using comm::ReduceOp;
@@ -257,6 +260,61 @@ TEST(NcclFake, ReduceScatterAndAllgatherOfShards) {
                                      ReduceOp::kSum, {}),
                  InvalidArgument);
     EXPECT_TRUE(api.journal().empty());
+  }
+  view.barrier_sync();
+  expect_clean(api);
+}
+
+// Backend::exchange: every rank sends to both neighbours and receives from both, receives posted first (the
+// order that deadlocks two plain ncclSend/ncclRecv sequences): one NCCL group, so it completes, with every
+// message where it belongs. Backend::fill: a memset on the stream, after what was enqueued before it.
+TEST(NcclFake, ExchangeIsOneGroupAndFillSetsEveryByte) {
+  const Deadline deadline(std::chrono::seconds(30), test_name());
+  const auto group = Group::over(live());
+  MpiBackend view(group.comm());
+  FakeApi api;
+  const int n = view.size(), me = view.rank();
+  {
+    NcclBackend nccl(view, api);
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    std::vector<float> to_next(5, static_cast<float>(me)), to_prev(3, static_cast<float>(-me));
+    std::vector<float> from_prev(5, -7.F), from_next(3, -7.F);
+    const std::vector<Backend::Message> sends{{Buffer::of(std::span(to_next)), next},
+                                              {Buffer::of(std::span(to_prev)), prev}};
+    const std::vector<Backend::Message> recvs{{Buffer::of(std::span(from_prev)), prev},
+                                              {Buffer::of(std::span(from_next)), next}};
+    api.clear_journal();
+    nccl.exchange(sends, recvs, {})->wait(std::chrono::seconds(10));
+    EXPECT_EQ(from_prev, std::vector<float>(5, static_cast<float>(prev)));
+    EXPECT_EQ(from_next, std::vector<float>(3, static_cast<float>(-next)));
+    std::set<int> groups;
+    std::size_t p2p = 0;
+    for (const auto& e : api.journal()) {
+      if (e.kind != FakeApi::JournalEntry::Kind::kSend && e.kind != FakeApi::JournalEntry::Kind::kRecv)
+        continue;
+      ++p2p;
+      groups.insert(e.group);
+    }
+    EXPECT_EQ(p2p, 4U);
+    EXPECT_EQ(groups, std::set<int>{groups.empty() ? 0 : *groups.begin()}) << "all in one group";
+    EXPECT_EQ(groups.count(0), 0U) << "not outside a group";
+    EXPECT_EQ(nccl.exchange({}, {}, {}), nullptr) << "nothing to exchange";
+    std::vector<Backend::Message> outside{{Buffer::of(std::span(to_next)), n}};
+    EXPECT_THROW((void)nccl.exchange(outside, {}, {}), InvalidArgument);
+
+    // NaN from 0xff bytes, after the allreduce enqueued before it (which would otherwise overwrite it).
+    std::vector<float> v(6, 1.F);
+    auto sum = nccl.allreduce(Buffer::of(std::span(v)), ReduceOp::kSum, {});
+    auto fill = nccl.fill(Buffer::of(std::span(v).subspan(2, 3)), 0xff);
+    fill->wait(std::chrono::seconds(10));
+    sum->wait(std::chrono::seconds(10));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i >= 2 && i < 5) {
+        EXPECT_TRUE(std::isnan(v[i])) << i;
+      } else {
+        EXPECT_EQ(v[i], static_cast<float>(n)) << i;
+      }
+    }
   }
   view.barrier_sync();
   expect_clean(api);
