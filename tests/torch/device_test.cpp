@@ -191,18 +191,23 @@ double worst(const std::vector<float>& a, const std::vector<float>& b) {
   return w;
 }
 
-}  // namespace
-
-TEST(TorchDevice, DevicePathOverTheFakeNcclTrainsAsTheHostPath) {
-  const Outcome host = train_over(nullptr);
-  FakeApi api;
-  const Outcome dev = train_over(&api);
+/// The device path's run trained as the host path's: the same steps, parameters and BatchNorm statistics.
+void expect_trained_alike(const Outcome& host, const Outcome& dev) {
   ASSERT_EQ(dev.params.size(), host.params.size());
   EXPECT_EQ(dev.steps, host.steps);
   EXPECT_GT(dev.steps, 10);
   EXPECT_LE(worst(host.params, dev.params), 1e-5)
       << "the device path's parameters differ from the host path's";
   EXPECT_LE(worst(host.running_mean, dev.running_mean), 1e-6) << "BatchNorm's statistics differ";
+}
+
+}  // namespace
+
+TEST(TorchDevice, DevicePathOverTheFakeNcclTrainsAsTheHostPath) {
+  const Outcome host = train_over(nullptr);
+  FakeApi api;
+  const Outcome dev = train_over(&api);
+  ASSERT_NO_FATAL_FAILURE(expect_trained_alike(host, dev));
   // Every range of every step was reported with an event, and the NCCL stream waited for those events
   // before reducing buckets that lie in the flat gradient buffer autograd wrote.
   EXPECT_EQ(dev.recorded, static_cast<std::size_t>(dev.steps) * 6);
@@ -250,12 +255,7 @@ TEST(TorchDevice, ShardedStateOverTheFakeNcclTrainsAsTheHostPath) {
     const Outcome host = train_over(nullptr, c.shard, c.replicas);
     FakeApi api;
     const Outcome dev = train_over(&api, c.shard, c.replicas);
-    ASSERT_EQ(dev.params.size(), host.params.size());
-    EXPECT_EQ(dev.steps, host.steps);
-    EXPECT_GT(dev.steps, 10);
-    EXPECT_LE(worst(host.params, dev.params), 1e-5)
-        << "the device path's parameters differ from the host path's";
-    EXPECT_LE(worst(host.running_mean, dev.running_mean), 1e-6) << "BatchNorm's statistics differ";
+    ASSERT_NO_FATAL_FAILURE(expect_trained_alike(host, dev));
     // The gather after every update ran in the device parameters, over NCCL (an all-gather, or a broadcast
     // per shard where the shards are uneven); the sharded gradients' reduce-scatter in the device gradients.
     std::size_t gathers = 0, scatters = 0, p2p = 0, ungrouped = 0;
