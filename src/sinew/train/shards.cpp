@@ -28,6 +28,12 @@ Slice intersect(Slice a, Slice b) {
   return hi > lo ? Slice{lo, hi - lo} : Slice{lo, 0};
 }
 
+/// Part `r` of `bucket`, the flat buffer's elements from `offset` on; empty where `r` is (the offset of an
+/// empty intersection may lie past the bucket's end).
+std::span<float> part_of(std::span<float> bucket, std::size_t offset, Slice r) {
+  return r.count == 0 ? bucket.first(0) : bucket.subspan(r.offset - offset, r.count);
+}
+
 /// Whether member `rank` of `l` holds shard `s`.
 bool holds(const ShardLayout& l, int rank, int s) {
   if (rank < 0 || rank >= l.world) return false;
@@ -224,7 +230,7 @@ void ShardedOptimizer::scatter_bucket(comm::Backend& backend, std::span<float> b
       backend.size(), backend.rank(), layout_.world, rank_);
   const Slice whole{offset, bucket.size()};
   const auto in_bucket = [&](int s) { return intersect(layout_.shard(s), whole); };
-  const auto local = [&](Slice r) { return bucket.subspan(r.offset - offset, r.count); };
+  const auto local = [&](Slice r) { return part_of(bucket, offset, r); };
   // In chunks of at most kScatterChunk elements: Open MPI's reduce-scatter allocates temporaries the size of
   // its input, which for a bucket of one large layer would add that layer's size to the peak (measured:
   // +134 MB per rank with a 64 MB layer, shard_bench.py).
@@ -278,7 +284,7 @@ std::unique_ptr<comm::Work> ShardedOptimizer::send_to_replicas(comm::Backend& ba
   comm::Options o = op;
   o.tag = kTagScatter;
   const Slice whole{offset, bucket.size()};
-  const auto local = [&](Slice r) { return bucket.subspan(r.offset - offset, r.count); };
+  const auto local = [&](Slice r) { return part_of(bucket, offset, r); };
   std::vector<comm::Backend::Message> sends, recvs;
   if (const Slice own = intersect(layout_.shard(rank_), whole); own.count > 0) {
     for (const int h : layout_.holders(rank_)) {
@@ -304,7 +310,7 @@ std::unique_ptr<comm::Work> ShardedOptimizer::scatter_bucket_device(comm::Backen
       "{}",
       backend.size(), backend.rank(), layout_.world, rank_);
   const Slice whole{offset, bucket.size()};
-  const auto local = [&](Slice r) { return bucket.subspan(r.offset - offset, r.count); };
+  const auto local = [&](Slice r) { return part_of(bucket, offset, r); };
   std::vector<std::size_t> counts(static_cast<std::size_t>(layout_.world));
   for (int s = 0; s < layout_.world; ++s)
     counts[static_cast<std::size_t>(s)] = intersect(layout_.shard(s), whole).count;
