@@ -1,7 +1,10 @@
 // Bucketed, overlapped gradient allreduce gives exactly what one MPI_Allreduce gives.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "sinew/comm/bucketer.hpp"
@@ -96,6 +99,56 @@ TEST(Bucketer, RunsCollectivesInOrderBetweenBuckets) {
     for (std::size_t j = 0; j < sums.size(); ++j) EXPECT_EQ(sums[j], n * static_cast<double>(2 * j + 1));
     for (std::size_t i = 0; i < total; ++i) ASSERT_EQ(grads[i], static_cast<float>(backend.size())) << i;
   }
+}
+// A collective handed over without waiting (the prefetch of a unit's gather) runs in its place among the
+// buckets too, whenever it is waited for; one not started yet is cancelled (a recovery), one running is let
+// finish.
+TEST(Bucketer, PostedCollectivesRunInOrderAndCancelLeavesTheRest) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const std::vector<std::size_t> sizes = {7, 3000, 1, 50000, 129, 20000, 10};
+  std::size_t total = 0;
+  for (auto s : sizes) total += s;
+  std::vector<float> grads(total, 1.f);
+  const auto ranges = layer_ranges(sizes);
+  comm::BucketOptions o;
+  o.bucket_bytes = 4096;
+  comm::GradientBucketer bucketer(backend, grads, ranges, o);
+  std::vector<double> sums(ranges.size());
+  std::vector<comm::Bucketer::Ticket> posted;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    bucketer.mark_ready(ranges[k]);
+    posted.push_back(bucketer.post_in_order([&, k] {
+      double x[1] = {static_cast<double>(k + 1)};
+      backend.allreduce_sync(comm::Buffer::of(std::span<double>(x)), comm::ReduceOp::kSum, comm::Options{});
+      sums[k] = x[0];
+    }));
+    if (k % 3 == 2) bucketer.wait_in_order(posted[k - 1]);  // waited for late, some never waited for here
+  }
+  bucketer.wait_in_order(posted.back());  // the last: all before it have run
+  bucketer.finish();
+  const auto n = static_cast<double>(backend.size());
+  for (std::size_t k = 0; k < sums.size(); ++k) EXPECT_EQ(sums[k], n * static_cast<double>(k + 1)) << k;
+  for (std::size_t i = 0; i < total; ++i) ASSERT_EQ(grads[i], static_cast<float>(backend.size())) << i;
+
+  std::atomic<bool> go{false};
+  std::atomic<bool> running{false};
+  bool second_ran = false;
+  const auto first = bucketer.post_in_order([&] {
+    running = true;
+    while (!go.load()) std::this_thread::yield();
+  });
+  while (!running.load()) std::this_thread::yield();
+  const auto second = bucketer.post_in_order([&] { second_ran = true; });
+  bucketer.cancel_in_order(second);  // queued behind the first, which is running: it never runs
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    go = true;
+  });
+  bucketer.cancel_in_order(first);  // running: returns once it is done
+  EXPECT_TRUE(go.load());
+  later.join();
+  EXPECT_NO_THROW(bucketer.wait_in_order(first));
+  EXPECT_FALSE(second_ran);
 }
 TEST(Bucketer, MatchesMpiAllreduceOneBigBucket) { check_matches_mpi(64u << 20, true); }
 TEST(Bucketer, MatchesMpiAllreduceWithoutOverlap) { check_matches_mpi(16384, false); }

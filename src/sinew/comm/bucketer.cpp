@@ -140,19 +140,37 @@ std::size_t GradientBucketer::first_incomplete() const {
   return b;
 }
 
-void GradientBucketer::run_in_order(const std::function<void()>& fn) {
-  if (!opts_.overlap) {
+Bucketer::Ticket Bucketer::post_in_order(std::function<void()> fn) {
+  auto t = std::make_shared<InOrder>();
+  try {
     fn();
-    return;
+  } catch (...) {
+    t->error = std::current_exception();
   }
-  auto task = std::make_shared<Task>();
-  task->fn = fn;
+  t->done = true;
+  return t;
+}
+
+void Bucketer::wait_in_order(const Ticket& t) {
+  SINEW_ENFORCE(t && t->done, "a collective between the gradient buckets was waited for before it ran");
+  if (t->error) std::rethrow_exception(t->error);
+}
+
+Bucketer::Ticket GradientBucketer::post_in_order(std::function<void()> fn) {
+  if (!opts_.overlap) return Bucketer::post_in_order(std::move(fn));
+  auto task = std::make_shared<InOrder>();
+  task->fn = std::move(fn);
   {
     std::lock_guard lock(mu_);
     task->before = first_incomplete();
     tasks_.push_back(task);
   }
   cv_.notify_all();
+  return task;
+}
+
+void GradientBucketer::wait_in_order(const Ticket& task) {
+  if (!opts_.overlap) return Bucketer::wait_in_order(task);
   std::unique_lock lock(mu_);
   if (!cv_.wait_for(lock, opts_.op.timeout, [&] { return task->done; })) {
     const auto it = std::find(tasks_.begin(), tasks_.end(), task);
@@ -165,6 +183,24 @@ void GradientBucketer::run_in_order(const std::function<void()>& fn) {
                 opts_.op.timeout.count());
   }
   if (task->error) std::rethrow_exception(task->error);
+}
+
+void GradientBucketer::cancel_in_order(const Ticket& task) {
+  std::unique_lock lock(mu_);
+  const auto it = std::find(tasks_.begin(), tasks_.end(), task);
+  if (it != tasks_.end()) {  // not started: it never will
+    tasks_.erase(it);
+    task->done = true;
+    return;
+  }
+  // Running (or done): a collective of a group that failed ends with the failure, at the latest when the
+  // backend is aborted past the deadline.
+  if (!cv_.wait_for(lock, opts_.op.timeout, [&] { return task->done; })) {
+    lock.unlock();
+    backend_.abort();
+    lock.lock();
+    cv_.wait_for(lock, opts_.op.timeout, [&] { return task->done; });
+  }
 }
 
 void GradientBucketer::run() {

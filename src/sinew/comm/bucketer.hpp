@@ -107,11 +107,27 @@ class Bucketer {
   /// Bytes this rank sent for its own reductions since the last call, where the bucketer's reduction is
   /// not the algorithm's (ByteGrad over NCCL); 0 otherwise.
   virtual std::uint64_t take_bytes_sent() { return 0; }
-  /// Runs `fn`, a collective over the bucketer's backend, in the same place among the step's bucket
-  /// reductions on every rank, and returns when it is done (rethrowing its failure). Called between the
-  /// ranges' arrivals (by a hook of backward, --shard parameters' gather of a unit), it runs after the
+  /// A collective handed over by post_in_order(), and whether it ran (done, and its failure if any).
+  struct InOrder {
+    std::size_t before = 0;  ///< runs before this bucket is reduced
+    std::function<void()> fn;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  using Ticket = std::shared_ptr<InOrder>;
+  /// Hands over `fn`, a collective over the bucketer's backend, to run in the same place among the step's
+  /// bucket reductions on every rank, and returns without waiting for it: --shard parameters' prefetch of
+  /// the next unit's gather. Called between the ranges' arrivals (by a hook of backward), it runs after the
   /// buckets that were complete and before the others. Base: `fn` now, on the calling thread.
-  virtual void run_in_order(const std::function<void()>& fn) { fn(); }
+  virtual Ticket post_in_order(std::function<void()> fn);
+  /// Returns when `t` ran, rethrowing its failure. Waits at most the deadline (then aborts the backend:
+  /// Timeout).
+  virtual void wait_in_order(const Ticket& t);
+  /// After a failure (the group is about to be rebuilt): `t` does not run if it has not started, and this
+  /// returns when it is no longer running. Nothing is thrown. Base: nothing to do (it ran when posted).
+  virtual void cancel_in_order(const Ticket& t) { (void)t; }
+  /// post_in_order() and wait_in_order(): the collective now, in its place among the buckets.
+  void run_in_order(std::function<void()> fn) { wait_in_order(post_in_order(std::move(fn))); }
 };
 
 struct BucketOptions {
@@ -150,8 +166,11 @@ class GradientBucketer final : public Bucketer {
   void finish() override;
   /// With overlap, on the communication thread: before bucket b, where b is the first bucket that was not
   /// complete when `fn` was handed over (a deterministic point: the hooks run in autograd's order on every
-  /// rank). Waits at most the deadline (then aborts the backend, as finish()).
-  void run_in_order(const std::function<void()>& fn) override;
+  /// rank), after the collectives handed over before it. wait_in_order() waits at most the deadline (then
+  /// aborts the backend, as finish()).
+  Ticket post_in_order(std::function<void()> fn) override;
+  void wait_in_order(const Ticket& t) override;
+  void cancel_in_order(const Ticket& t) override;
 
   [[nodiscard]] std::size_t num_buckets() const noexcept override { return layout_.buckets().size(); }
   [[nodiscard]] std::vector<Slice> buckets() const override { return layout_.ranges(); }
@@ -178,14 +197,8 @@ class GradientBucketer final : public Bucketer {
   std::atomic<int> pending_{0};           // buckets complete but not yet taken by the communication thread
   std::atomic<bool> reduced_all_{false};  // reduced_ == buckets_.size(), readable without mu_
   bool busy_ = false;                     // guarded by mu_: the communication thread is inside a collective
-  struct Task {                           // run_in_order()'s, guarded by mu_
-    std::size_t before = 0;               // runs before this bucket is reduced
-    std::function<void()> fn;
-    bool done = false;
-    std::exception_ptr error;
-  };
-  std::deque<std::shared_ptr<Task>> tasks_;  // guarded by mu_, in the order they were handed over
-  double comm_ms_ = 0;                       // guarded by mu_
+  std::deque<Ticket> tasks_;              // guarded by mu_ (and their InOrder), in the order handed over
+  double comm_ms_ = 0;                    // guarded by mu_
   double last_comm_ms_ = 0;
   double last_exposed_ms_ = 0;
   std::thread thread_;
