@@ -15,7 +15,8 @@ synthetic token batches, one torch thread per rank) as the script's own loop, ea
   sinew-r2   --shard optimizer --shard-replicas 2 (each shard on two ranks: a kill is recovered in place);
   sinew-g1, sinew-g2   --shard gradients (ZeRO-2: the gradients reduce-scattered to the holders), R = 1 and 2;
   sinew-p1, sinew-p2   --shard parameters (ZeRO-3), the same units as FSDP2's (job.wrap(units=[embedding, *layers])),
-             R = 1 and 2.
+             R = 1 and 2, each unit's gather started while the unit before it runs (shard_prefetch=1);
+  sinew-p1-pf0, sinew-p2-pf0   the same without the prefetch (shard_prefetch=0).
 Reports the peak resident memory per rank (the largest over the ranks), over the whole run and until the last
 step (Sinew's sharded parameters are gathered whole when job.epochs() ends, for the script's use after training),
 as a ratio of DDP's, and the median step time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
@@ -35,7 +36,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2", "sinew-g1", "sinew-g2", "sinew-p1", "sinew-p2"]
+WAYS = ["ddp", "zero", "fsdp2", "sinew", "sinew-r1", "sinew-r2", "sinew-g1", "sinew-g2", "sinew-p1", "sinew-p2",
+        "sinew-p1-pf0", "sinew-p2-pf0"]
 SEQ = 32
 
 
@@ -139,7 +141,9 @@ def worker(a):
                  "sinew-g1": {"shard": "gradients", "shard_replicas": 1},
                  "sinew-g2": {"shard": "gradients", "shard_replicas": 2},
                  "sinew-p1": {"shard": "parameters", "shard_replicas": 1},
-                 "sinew-p2": {"shard": "parameters", "shard_replicas": 2}}[a.worker]
+                 "sinew-p2": {"shard": "parameters", "shard_replicas": 2},
+                 "sinew-p1-pf0": {"shard": "parameters", "shard_replicas": 1, "shard_prefetch": 0},
+                 "sinew-p2-pf0": {"shard": "parameters", "shard_replicas": 2, "shard_prefetch": 0}}[a.worker]
         job = sinew.init(max_steps=total, progress=False, log_level="warn", **shard)
         base = resident_mb()
         net = build(a)
@@ -217,19 +221,19 @@ def main():
     print("peak RSS: the largest rank's, over the whole run and until the last step (in training); training memory: "
           "its peak RSS less its RSS before the model was built (torch, the process group: the same libraries "
           "whatever the way)")
-    print(f"{'':10}{'peak RSS MB':>12}{'x DDP':>7}{'in training':>12}{'x DDP':>7}{'training MB':>12}{'x DDP':>7}"
+    print(f"{'':13}{'peak RSS MB':>12}{'x DDP':>7}{'in training':>12}{'x DDP':>7}{'training MB':>12}{'x DDP':>7}"
           f"{'step ms':>9}{'x DDP':>7}{'x FSDP2':>8}")
     nan = float("nan")
     for way, r in rows.items():
         if "error" in r:
-            print(f"{way:10}  could not run here: {r['error']}")
+            print(f"{way:13}  could not run here: {r['error']}")
             continue
         rx = r["rss_mb"] / base["rss_mb"] if "rss_mb" in base else nan
         ix = r["train_rss_mb"] / base["train_rss_mb"] if "train_rss_mb" in base else nan
         tx = r["state_mb"] / base["state_mb"] if "state_mb" in base else nan
         sx = r["step_ms"] / base["step_ms"] if "step_ms" in base else nan
         fx = r["step_ms"] / fsdp["step_ms"] if "step_ms" in fsdp else nan
-        print(f"{way:10}{r['rss_mb']:12.0f}{rx:7.2f}{r['train_rss_mb']:12.0f}{ix:7.2f}{r['state_mb']:12.0f}{tx:7.2f}"
+        print(f"{way:13}{r['rss_mb']:12.0f}{rx:7.2f}{r['train_rss_mb']:12.0f}{ix:7.2f}{r['state_mb']:12.0f}{tx:7.2f}"
               f"{r['step_ms']:9.0f}{sx:7.2f}{fx:8.2f}")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "shard_torch_bench.json"), "w") as f:

@@ -441,7 +441,7 @@ class Loop:
         """Autograd's final callback of the step's backward: the reduction is complete."""
         units = self.model._units
         if units is not None:
-            units.release_all()
+            units.release_all(in_backward=True)
             if units.failed is not None:  # a unit's gather failed inside backward: nothing of it counts
                 units.failed = None
                 self._recover()

@@ -13,8 +13,10 @@ What a stage needs per rank, for P parameters of 4 bytes and an optimizer with k
     none         4P (parameters) + 4P (gradients) + 4kP (state)
     optimizer    4P + 4P + 4kP s
     gradients    4P + 4P + 4kP s        (the gradients are whole while backward writes them)
-    parameters   (4P + 4P + 4kP) s + 8 (largest unit) + 8 (root)   (a unit's parameters and gradients whole
-                                                                     while it runs; the root's for the step)
+    parameters   (4P + 4P + 4kP) s + (8 + 4a) (largest unit) + 8 (root)   (a unit's parameters and gradients
+                                                                     whole while it runs, the parameters of the
+                                                                     a units prefetched (shard_prefetch); the
+                                                                     root's for the step)
 and with bytegrad's error feedback 4P more at every stage (its residual is a float per parameter).
 Activations come on top of all of them: the check refuses only what cannot fit.
 
@@ -75,16 +77,16 @@ def state_tensors(opt):
         return 2
 
 
-def need(stage, params, k, world, replicas, unit=0, root=0, residual=0):
+def need(stage, params, k, world, replicas, unit=0, root=0, residual=0, ahead=0):
     """Bytes per rank of the training state at `stage` (the table above); `residual`: floats per parameter of
-    the algorithm's own (bytegrad's error feedback: 1)."""
+    the algorithm's own (bytegrad's error feedback: 1); `ahead`: units prefetched."""
     s = min(replicas, world) / world
     extra = 4 * params * residual
     if stage == "none":
         return 4 * params * (2 + k) + extra
     if stage in ("optimizer", "gradients"):
         return 4 * params * (2 + k * s) + extra
-    return 4 * params * (2 + k) * s + 8 * unit + 8 * root + extra
+    return 4 * params * (2 + k) * s + (8 + 4 * ahead) * unit + 8 * root + extra
 
 
 def recovery_extra(stage, params, k, world, replicas):
@@ -105,7 +107,9 @@ def check(job, model, opt):
     core = job._job
     params = model._work.flat_params.numel()
     units = model._units
-    unit = max((sum(c for _, c in r) for r in units.ranges), default=0) if units is not None else 0
+    # (An embedding unit gathers only the rows its indices name: not counted as a whole unit.)
+    unit = max((sum(c for _, c in r) for r, t in zip(units.ranges, units.tables) if t is None),
+               default=0) if units is not None else 0
     root = sum(c for _, c in units.root) if units is not None else 0
     k = state_tensors(opt)
     world, replicas = job.size, core.shard_replicas
@@ -113,7 +117,8 @@ def check(job, model, opt):
     left = limit - usage + 4 * params
     stage = core.shard
     residual = core.residual_per_parameter
-    needs = {s: need(s, params, k, world, replicas, unit, root, residual) for s in STAGES}
+    ahead = core.shard_prefetch
+    needs = {s: need(s, params, k, world, replicas, unit, root, residual, ahead) for s in STAGES}
     gib = 2 ** 30
     if needs[stage] <= left:
         extra = recovery_extra(stage, params, k, world, replicas)

@@ -1,16 +1,22 @@
 """shard="parameters" (ZeRO-3): each rank keeps its shards of the parameters, and a unit of the model (a
 transformer layer: a wrap policy over submodules, as FSDP's) is gathered whole only while it runs.
 
-    forward     unit k:  gather (before its forward) -> forward -> release
+    forward     unit k:  gather (before its forward) -> forward -> release. An nn.Embedding unit gathers only
+                         the rows its indices name (a language model's largest unit: a few rows of it a step)
     backward    unit k:  gather (when the gradient of its output arrives) -> backward; released when the unit
                          before it is gathered (its backward is over) or when backward ends. A unit that is an
                          nn.Embedding is not gathered for backward: its gradient does not read its weight
     the root    the parameters in no unit (embeddings, the last norm, the head): gathered at the model's
                 forward, released when backward ends (or after the forward, without gradients)
+    prefetch    the next shard_prefetch units (default 1) are gathered while a unit runs: in forward the units
+                after it in the order the last forward ran them, in backward those before it in this forward's
+                order (each unit ahead holds its parameters whole meanwhile). A prediction that misses costs
+                memory until backward ends, never a wrong value: every rank predicts alike, from its own hooks
 
 A unit is a list of ranges of the flat parameter buffer (its parameters, merged where adjacent). The gather is a
 collective of the runtime (train/shards.hpp: an all-gather of each range from the shards' owners, run between the
-gradient buckets' reduce-scatters in the same order on every rank); the release gives the memory of what this
+gradient buckets' reduce-scatters in the same order on every rank; a prefetch hands it to the communication
+thread and waits for it when the unit runs); the release gives the memory of what this
 rank does not hold back to the system. Every rank must therefore run the model's forward as often as the others:
 in training the loop sees to it; an evaluation must run on every rank, on as many batches (not on rank 0 alone).
 
@@ -113,10 +119,21 @@ class Units:
         # language model's largest unit, vocabulary x width: its memory and its all-gather saved each step).
         self.weightless_backward = [_weightless_backward(u) for u in units]
         # Their gradient is also written where it is kept, the rows of this step's indices only (see _IndexedGrad).
+        # Their forward reads the rows its indices name and nothing else: only those are gathered, point to point
+        # from their owners (table: (offset, count, width) of the weight in the flat buffer; None: gathered whole).
+        self.tables = [_row_table(u, self.ranges[i], span) for i, u in enumerate(units)]
+        self.row_gathers = 0  # forwards of an embedding unit that gathered only its rows
         self.flat_grads = model._work.flat_grads
         self.indexed_grads = 0  # backward passes that wrote an embedding's gradient in place
         self.resident = set()  # unit indices gathered now; -1 the root
         self.failed = None     # a CommFailure seen inside backward (raised to the loop when backward ends)
+        self.ahead = self.job._job.shard_prefetch  # units prefetched
+        self.pending = {}      # unit index -> ticket of its prefetched gather, not yet waited for
+        self.order = []        # the units as this forward ran them
+        self.last_order = []   # ... and as the last complete forward did (forward's prediction)
+        self.back_at = 0       # backward's place in self.order (it runs it in reverse)
+        self.prefetched = 0    # gathers prefetched, and of them waited for when their unit ran (hits)
+        self.prefetch_hits = 0
         self.handles = []
         for i, u in enumerate(units):
             self.handles.append(u.register_forward_pre_hook(self._pre_forward(i)))
@@ -137,6 +154,8 @@ class Units:
     def reset(self):
         """After a recovery: the reshard left this rank its new shards only."""
         self.resident.clear()
+        self.pending.clear()  # (the recovery cancelled them)
+        self.order = []
         self.failed = None
 
     def _refuse_state_dict(self, module, prefix, keep_vars):
@@ -148,16 +167,27 @@ class Units:
                              "torch.load), or after job.epochs() ends, when the model is whole again")
 
     # ---- gather and release ----------------------------------------------------------------------------------
-    def _gather(self, i, in_backward=False):
+    def _gather(self, i, in_backward=False, hit=True, indices=None):
+        ticket = self.pending.pop(i, 0)
         if i in self.resident or not self.active():
             return
         loop = self.job._loop
         if loop.void or self.failed is not None:
-            return  # an iteration that updates nothing: its results are dropped
+            return  # an iteration that updates nothing: its results are dropped (its recovery cancels prefetches)
         ranges = self.root if i < 0 else self.ranges[i]
         training = in_backward or (torch.is_grad_enabled() and self.model.training)  # (backward runs without)
+        if ticket and hit:
+            self.prefetch_hits += 1
         try:
-            self.job._job.gather_params(ranges)
+            if indices is not None:
+                offset, count, width = self.tables[i]
+                idx = indices.detach().reshape(-1)
+                # Rows outside the table are torch's to refuse (its forward raises), not a collective's.
+                rows = torch.unique(idx[(idx >= 0) & (idx < count // width)])
+                self.job._job.gather_rows((offset, count), width, rows.tolist())
+                self.row_gathers += 1
+            else:
+                self.job._job.gather_params(ranges, ticket)
         except CommFailure as e:
             if training:
                 self._failure(e, in_backward)
@@ -175,6 +205,34 @@ class Units:
                              f"({e})") from None
         self.resident.add(i)
 
+    def _prefetch(self, units):
+        """Hands the gathers of `units` (the next ones to run, nearest first) to the communication thread."""
+        loop = self.job._loop
+        if loop.void or self.failed is not None or not self.active():
+            return
+        for j in units:
+            if j not in self.resident and j not in self.pending and self.tables[j] is None:
+                self.pending[j] = self.job._job.prefetch_params(self.ranges[j])
+                self.prefetched += 1
+
+    def _next_in_forward(self, i):
+        """The units after i in the last forward's order, where this forward has followed it so far."""
+        k = len(self.order) - 1
+        if not self.ahead or k >= len(self.last_order) or self.last_order[k] != i:
+            return []
+        return _distinct(self.last_order[k + 1:], i, self.ahead)
+
+    def _next_in_backward(self, i):
+        """The units backward reaches after i: those before it in this forward's order, in reverse (a unit
+        whose backward reads no parameter is not gathered for it)."""
+        k = self.back_at - 1
+        while k >= 0 and self.order[k] != i:
+            k -= 1
+        if not self.ahead or k < 0:
+            return []
+        self.back_at = k
+        return _distinct((j for j in reversed(self.order[:k]) if not self.weightless_backward[j]), i, self.ahead)
+
     def _failure(self, e, in_backward):
         if in_backward:
             self.failed = e  # autograd goes on (nothing is gathered any more); the loop recovers when it ends
@@ -188,15 +246,21 @@ class Units:
         if self.active():
             self.job._job.release_params(self.root if i < 0 else self.ranges[i])
 
-    def release_all(self):
+    def release_all(self, in_backward=False):
+        # A prefetch whose unit did not run (the prediction missed) is waited for: it was posted on every rank.
+        for i in list(self.pending):
+            self._gather(i, in_backward, hit=False)
         for i in list(self.resident):
             self._release(i)
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     def begin_forward(self):
+        self.order = []
         self._gather(-1)
 
     def end_forward(self):
+        self.last_order = self.order
+        self.back_at = len(self.order)
         if not (torch.is_grad_enabled() and self.model.training):
             self.release_all()
 
@@ -206,7 +270,11 @@ class Units:
                 # The root is gathered by the wrapper's forward: this unit runs without it (zeros, not the model).
                 raise UsageError("a unit of a model with sharded parameters ran outside the wrapper's forward: "
                                  "call model(x), the Model that job.wrap() returned, not the module inside it")
-            self._gather(i)
+            rows = self.tables[i] is not None and args and isinstance(args[0], torch.Tensor)
+            self._gather(i, indices=args[0] if rows else None)
+            if self.active():
+                self.order.append(i)
+                self._prefetch(self._next_in_forward(i))
         return hook
 
     def _post_forward(self, i):
@@ -224,6 +292,7 @@ class Units:
                             self._release(j)
                         if not self.weightless_backward[i]:
                             self._gather(i, in_backward=True)
+                        self._prefetch(self._next_in_backward(i))
                     return grad
 
                 for t in _tensors(output):
@@ -270,6 +339,29 @@ class _IndexedGrad(torch.autograd.Function):
         weight.grad = None
         ctx.units.indexed_grads += 1
         return None, None, grad, None, None
+
+
+def _row_table(module, ranges, span):
+    """(offset, count, width) of an nn.Embedding unit's weight in the flat buffer, where its forward reads only the
+    rows its indices name (torch's own forward, no max_norm: that one renormalises the rows it reads in place) and
+    the weight is the unit's only range; None otherwise."""
+    if not _weightless_backward(module) or module.max_norm is not None or not module.weight.requires_grad:
+        return None
+    offset, count = span(module.weight)
+    if ranges != [(offset, count)]:
+        return None
+    return (offset, count, module.embedding_dim)
+
+
+def _distinct(units, current, n):
+    """The first n distinct units of `units`, other than `current`."""
+    out = []
+    for j in units:
+        if j != current and j not in out:
+            out.append(j)
+            if len(out) == n:
+                break
+    return out
 
 
 def _weightless_backward(module):

@@ -273,13 +273,32 @@ PYBIND11_MODULE(_core, m) {
                              })
       .def(
           "gather_params",
-          [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {
+          [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges,
+             std::uint64_t ticket) {
             std::vector<Slice> r;
             for (const auto& [o, c] : ranges) r.push_back({o, c});
             py::gil_scoped_release unlocked;
-            j.gather_params(r);
+            j.gather_params(r, ticket);
+          },
+          py::arg("ranges"), py::arg("ticket") = 0)
+      .def(
+          "gather_rows",
+          [](pytorch::Job& j, std::pair<std::size_t, std::size_t> table, std::size_t width,
+             const std::vector<std::int64_t>& rows) {
+            py::gil_scoped_release unlocked;
+            j.gather_rows({table.first, table.second}, width, rows);
+          },
+          py::arg("table"), py::arg("width"), py::arg("rows"))
+      .def(
+          "prefetch_params",
+          [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {
+            std::vector<Slice> r;
+            for (const auto& [o, c] : ranges) r.push_back({o, c});
+            return j.prefetch_params(r);
           },
           py::arg("ranges"))
+      .def_property_readonly("shard_prefetch",
+                             [](const pytorch::Job& j) { return j.config().shard_prefetch; })
       .def(
           "release_params",
           [](pytorch::Job& j, const std::vector<std::pair<std::size_t, std::size_t>>& ranges) {

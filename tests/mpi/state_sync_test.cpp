@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sinew/comm/mpi/backend.hpp"
+#include "sinew/core/error.hpp"
 #include "sinew/core/pages.hpp"
 #include "sinew/data/sampler.hpp"
 #include "sinew/model/workload.hpp"
@@ -321,4 +322,49 @@ TEST(StateSync, ShardedParametersGatherReleaseAndReshard) {
   EXPECT_GT(shards.take_bytes_sent(), 0u);
   shards.release(p, unit);
   expect_held_only(shards, p, unit);
+
+  // An embedding's rows (gather_rows): each member asks its own rows, some across the shards' boundaries,
+  // member 1 none; they arrive whole, and nothing else of the table is written.
+  const std::size_t width = 1000;
+  const Slice table{1, 1000 * width};
+  std::vector<std::int64_t> rows;
+  if (r != 1) {
+    for (int s = 1; s < n; ++s)  // the row that crosses shard s's first element
+      rows.push_back(static_cast<std::int64_t>((shards.layout().shard(s).offset - table.offset) / width));
+    rows.push_back(11 * r);
+    rows.push_back(999);
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  }
+  shards.release_unheld(p);  // (the unit's edge pages above kept their values)
+  shards.gather_rows(backend, p, table, width, rows, comm::Options{});
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) / sizeof(float);
+  // A page that holds a held element keeps its values, and so does the buffer's last page (not whole in it).
+  const auto on_held_page = [&](std::size_t i) {
+    const std::size_t first = i / page * page;
+    if (first + page > total) return true;
+    for (std::size_t e = first; e < std::min(first + page, total); ++e)
+      if (shards.holds(e)) return true;
+    return false;
+  };
+  for (std::int64_t k = 0; k < 1000; ++k) {
+    const bool asked = std::binary_search(rows.begin(), rows.end(), k);
+    for (std::size_t i = table.offset + static_cast<std::size_t>(k) * width;
+         i < table.offset + (k + 1) * width; ++i) {
+      if (asked || shards.holds(i)) {
+        ASSERT_EQ(p[i], value(i)) << "row " << k << ", element " << i;
+      } else if (!on_held_page(i)) {
+        ASSERT_EQ(p[i], 0.f) << "row " << k << " (not asked), element " << i;
+      }
+    }
+  }
+  unsigned long long sent = shards.take_bytes_sent(), all_sent = 0;
+  MPI_Allreduce(&sent, &all_sent, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (n > 2) {  // (at 2 ranks with R = 2 each holds everything)
+    EXPECT_GT(all_sent, 0u);
+  }
+  shards.release(p, std::span<const Slice>(&table, 1));
+  expect_held_only(shards, p);
+  EXPECT_THROW(shards.gather_rows(backend, p, table, width, std::vector<std::int64_t>{5, 3}, comm::Options{}),
+               InternalError);
 }

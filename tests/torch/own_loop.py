@@ -170,10 +170,10 @@ def main():
     if args.model == "embed" and getattr(model, "_units", None) is not None:
         units, gather = model._units, model._units._gather
 
-        def counting_gather(i, in_backward=False):  # which units are gathered again for their backward
+        def counting_gather(i, in_backward=False, **kw):  # which units are gathered again for their backward
             if in_backward and units.active() and not job._loop.void:
                 backward_gathers.add(type(units.modules[i]).__name__)
-            return gather(i, in_backward)
+            return gather(i, in_backward, **kw)
 
         units._gather = counting_gather
     opt = None
@@ -287,6 +287,12 @@ def main():
               flush=True)
         if getattr(model, "_units", None) is not None:
             print(f"[own_loop] embedding gradients written in place: {model._units.indexed_grads}", flush=True)
+            print(f"[own_loop] embedding forwards that gathered only their rows: {model._units.row_gathers}",
+                  flush=True)
+    units = getattr(model, "_units", None)
+    if units is not None and job.rank == 0:
+        print(f"[own_loop] prefetched gathers: {units.prefetched}, {units.prefetch_hits} waited for by their unit",
+              flush=True)
     if cgroup is not None:
         peak = job.all_reduce(cgroup.peak(), op="max")
         if job.rank == 0:

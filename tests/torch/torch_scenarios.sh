@@ -474,6 +474,18 @@ PY
         || fail "R=$r: not sharded"
       compare_loop "$d/whole.pt" "$d/p$r.pt" 0 || fail "R=$r differs from the whole state"
     done
+    # The prefetch (default one unit ahead): each unit's gather is handed over while the one before it runs, and
+    # waited for when it runs (every prediction hits on this sequential model). None and two ahead: the same bits.
+    grep -q "prefetched gathers: \([1-9][0-9]*\), \1 waited for by their unit" "$d/out.txt" \
+      || fail "prefetch: not every unit's gather prefetched and used ($(grep -h 'prefetched gathers' "$d/out.txt"))"
+    for a in 0 2; do
+      loop 4 180 "${zopts[@]}" --out "$d/a$a.pt" -- "${lcommon[@]}" --shard parameters --shard-prefetch $a \
+        || fail "prefetch $a: exit $?"
+      compare_loop "$d/whole.pt" "$d/a$a.pt" 0 || fail "prefetch $a differs from the whole state"
+    done
+    grep -q "prefetched gathers: [1-9]" "$d/out.txt" || fail "prefetch 2: nothing prefetched"
+    loop 2 120 "${zopts[@]}" --epochs 1 -- "${lcommon[@]}" --shard parameters --shard-prefetch 9
+    expect_error 2 "shard-prefetch must be in \[0, 8\]" "--shard-prefetch 9"
     # kill -9 at R = 2, in place, audit exact, the failure-free parameters: rank 0 in backward (the units'
     # gathers inside backward fail); rank 2 in its update (the next forward's gathers fail); ranks 0 and 1 at
     # once (they hold different shards); rank 1, then rank 2 (a replica holder) during the recovery.
@@ -549,7 +561,16 @@ PY
     grep -q "units gathered again for backward: Linear$" "$d/out.txt" || fail "embed: the embedding was gathered"
     # Its gradient is added into the rows the step's indices name, where it is kept (no dense tensor beside it).
     grep -q "embedding gradients written in place: [1-9]" "$d/out.txt" || fail "embed: a dense embedding gradient"
+    # Its forward gathers only the rows the step's indices name, point to point from their owners.
+    grep -q "embedding forwards that gathered only their rows: [1-9]" "$d/out.txt" || fail "embed: gathered whole"
     compare_loop "$d/e-whole.pt" "$d/e-p.pt" 0 || fail "embed: differs from the whole state"
+    # kill -9 of rank 2 in forward: the survivors' gather of the embedding's rows fails; recovered in place.
+    rm -rf "$d/audit"
+    loop 4 180 --model embed --optimizer adamw --workers 2 --out "$d/e-k.pt" -- "${lcommon[@]}" \
+      --shard parameters --audit-dir "$d/audit" --inject-fault 2:forward:10 || fail "embed, killed: exit $?"
+    grep -q "recovered in place" "$d/out.txt" || fail "embed, killed: not recovered in place"
+    audit >/dev/null || fail "embed, killed: audit"
+    compare_loop "$d/e-whole.pt" "$d/e-k.pt" 1e-6 || fail "embed, killed: differs from the whole state"
     # ByteGrad with sharded parameters: the same quantised reduce-scatter of the same buckets as with sharded
     # gradients, so bit for bit the ZeRO-2 run with bytegrad (and not the exact run's bits); a kill -9 of rank 0
     # in backward recovers in place to the same bits.

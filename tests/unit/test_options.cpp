@@ -78,6 +78,19 @@ TEST(Options, ElasticDefaultsValidate) {
   EXPECT_THROW(validate(c), InvalidArgument);
 }
 
+TEST(Options, ShardPrefetchIsBoundedInUnits) {
+  Config c;
+  EXPECT_EQ(c.shard_prefetch, 1);
+  for (const int units : {0, 8}) {
+    c.shard_prefetch = units;
+    EXPECT_NO_THROW(validate(c)) << units;
+  }
+  for (const int units : {-1, 9}) {
+    c.shard_prefetch = units;
+    EXPECT_THROW(validate(c), InvalidArgument) << units;
+  }
+}
+
 TEST(Options, ChoicesAreTyped) {
   const char* argv[] = {"sinew-train", "--elastic", "restart", "--lr-scaling", "sqrt"};
   const auto r = parse_command_line(5, argv);

@@ -245,9 +245,17 @@ std::vector<Slice> Job::sharded_gradients() const {
   return impl_->session ? impl_->session->sharded_gradients() : std::vector<Slice>{};
 }
 bool Job::sharded_parameters() const { return impl_->session && impl_->session->sharded_parameters(); }
-void Job::gather_params(const std::vector<Slice>& ranges) {
+void Job::gather_params(const std::vector<Slice>& ranges, std::uint64_t ticket) {
   SINEW_ENFORCE(impl_->session, "a gather of parameters before training started");
-  impl_->session->gather_params(ranges);
+  impl_->session->gather_params(ranges, ticket);
+}
+void Job::gather_rows(Slice table, std::size_t width, const std::vector<std::int64_t>& rows) {
+  SINEW_ENFORCE(impl_->session, "a gather of rows before training started");
+  impl_->session->gather_rows(table, width, rows);
+}
+std::uint64_t Job::prefetch_params(const std::vector<Slice>& ranges) {
+  SINEW_ENFORCE(impl_->session, "a prefetch of parameters before training started");
+  return impl_->session->prefetch_params(ranges);
 }
 void Job::release_params(const std::vector<Slice>& ranges) {
   SINEW_ENFORCE(impl_->session, "a release of parameters before training started");

@@ -126,9 +126,13 @@ class Job {
   /// (train::Session::sharded_gradients); empty where the gradients are whole.
   [[nodiscard]] std::vector<Slice> sharded_gradients() const;
   /// --shard parameters: whether the parameters are sharded, and a unit's ranges gathered before it runs
-  /// (collective; CommFailure) and released after (train::Session::gather_params, release_params).
+  /// (collective; CommFailure) and released after (train::Session::gather_params, release_params); the
+  /// next unit's gather handed over ahead of time (prefetch_params: the ticket gather_params waits for).
   [[nodiscard]] bool sharded_parameters() const;
-  void gather_params(const std::vector<Slice>& ranges);
+  void gather_params(const std::vector<Slice>& ranges, std::uint64_t ticket = 0);
+  std::uint64_t prefetch_params(const std::vector<Slice>& ranges);
+  /// An embedding unit's forward: only the rows its indices name (train::Session::gather_rows).
+  void gather_rows(Slice table, std::size_t width, const std::vector<std::int64_t>& rows);
   void release_params(const std::vector<Slice>& ranges);
   /// The step's update (the algorithm, which calls the workload's optimiser) after reduce(); `loss` is this
   /// rank's share of the step's mean loss (NaN: not known); `lr`, if not NaN, the learning rate the metrics

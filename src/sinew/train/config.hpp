@@ -60,6 +60,7 @@ struct Config {
   std::string lr_schedule = "cosine";    ///< constant | step | cosine
   ShardStage shard = ShardStage::kNone;  ///< --shard: none | optimizer (ZeRO-1) | gradients (ZeRO-2)
   int shard_replicas = 2;                ///< --shard-replicas: holders of each shard's state
+  int shard_prefetch = 1;                ///< --shard-prefetch: units gathered ahead (--shard parameters)
   std::int64_t warmup_steps = 50;
   std::int64_t lr_step_size = 1000;
   float lr_gamma = 0.1f;

@@ -109,7 +109,10 @@ po::options_description describe(Config& c, std::string& config_file) {
                             po::value(&c.shard_replicas)->default_value(c.shard_replicas)->value_name("R"),
                             "--shard optimizer|gradients: ranks holding each shard's state (1: no "
                             "redundancy, a failure means a relaunch "
-                            "from the newest checkpoint)");
+                            "from the newest checkpoint)")(
+      "shard-prefetch", po::value(&c.shard_prefetch)->default_value(c.shard_prefetch)->value_name("UNITS"),
+      "--shard parameters: units whose gather starts while the one before them runs, in forward and in "
+      "backward (0: each unit gathered when it runs; each unit ahead holds its parameters whole meanwhile)");
   // The algorithms' list, from the one table (algo::kAlgorithms).
   static const std::string algorithm_help = [] {
     std::string h = "one of (docs/algorithms.md):";
@@ -383,6 +386,8 @@ namespace {
 void validate_shard(const Config& c) {
   if (c.shard_replicas < 1 || c.shard_replicas > 64)
     SINEW_THROW(InvalidArgument, "--shard-replicas must be in [1, 64], got {}", c.shard_replicas);
+  if (c.shard_prefetch < 0 || c.shard_prefetch > 8)
+    SINEW_THROW(InvalidArgument, "--shard-prefetch must be in [0, 8] units, got {}", c.shard_prefetch);
   if (c.shard == ShardStage::kNone) return;
   const auto stage = name_of(kShardNames, c.shard);
   if (c.algorithm != algo::Kind::kGradientAllreduce && c.algorithm != algo::Kind::kByteGrad) {
@@ -526,6 +531,7 @@ nlohmann::json to_json(const Config& c) {
           {"lr_schedule", c.lr_schedule},
           {"shard", std::string(name_of(kShardNames, c.shard))},
           {"shard_replicas", c.shard_replicas},
+          {"shard_prefetch", c.shard_prefetch},
           {"warmup_steps", c.warmup_steps},
           {"lr_step_size", c.lr_step_size},
           {"lr_gamma", c.lr_gamma},

@@ -80,6 +80,13 @@ struct Session::Impl {
   data::DistributedSampler::Batch batch;
   Reducer reducer;
   double gather_ms = 0;  // --shard optimizer: the parameters' gather, part of the step's communication
+  struct Prefetch {      // --shard parameters: a unit's gather handed to the communication thread
+    std::uint64_t ticket = 0;
+    std::vector<Slice> ranges;
+    comm::Bucketer::Ticket posted;
+  };
+  std::vector<Prefetch> prefetched;  // not yet waited for, in the order posted
+  std::uint64_t next_ticket = 1;
 
   TeacherFeed teacher_feed;  // --distill-*
 
@@ -371,6 +378,15 @@ struct Session::Impl {
 
   void reduce() {
     if (plan.reduces_gradients) reducer.finish();
+    SINEW_ENFORCE(prefetched.empty(),
+                  "{} prefetched gathers of parameters were not waited for before the step's reduction ended",
+                  prefetched.size());
+  }
+
+  /// A recovery: the prefetches still pending are of the failed group.
+  void cancel_prefetches() {
+    for (const auto& p : prefetched) fabric().bucketer().cancel_in_order(p.posted);
+    prefetched.clear();
   }
 
   std::optional<std::vector<std::size_t>> peek(std::size_t ahead) {
@@ -553,6 +569,7 @@ struct Session::Impl {
                   e.message(), name_of(kElasticNames, cfg.elastic));
     }
     ++sum.failures;
+    cancel_prefetches();
     const RecoveryReport rep = elastic.recover(e);
     metrics.recovering(rep.detected, {rep.world_size, group.epoch(), 0, 0, 0});
     final_evaluated = false;  // a replacement evaluates with the others: all do it again
@@ -617,15 +634,47 @@ std::vector<Slice> Session::sharded_gradients() const {
   if (impl_->shards && impl_->shards->gradients_sharded()) return impl_->shards->held_ranges();
   return {};
 }
-void Session::gather_params(std::span<const Slice> ranges) {
+void Session::gather_params(std::span<const Slice> ranges, std::uint64_t ticket) {
   auto& i = *impl_;
   SINEW_ENFORCE(i.shards && i.shards->parameters_sharded(),
                 "a gather of parameters without --shard parameters");
   const auto t = Clock::now();
   auto& f = i.fabric();
-  f.bucketer().run_in_order(
-      [&] { i.shards->gather_ranges(f.backend(), i.work.params(), ranges, i.setup.op); });
+  if (ticket == 0) {
+    f.bucketer().run_in_order(
+        [&] { i.shards->gather_ranges(f.backend(), i.work.params(), ranges, i.setup.op); });
+  } else {
+    const auto it = std::find_if(i.prefetched.begin(), i.prefetched.end(),
+                                 [&](const Impl::Prefetch& p) { return p.ticket == ticket; });
+    SINEW_ENFORCE(it != i.prefetched.end() &&
+                      std::equal(ranges.begin(), ranges.end(), it->ranges.begin(), it->ranges.end()),
+                  "a wait for prefetch {} that is not pending or gathers other ranges", ticket);
+    const auto posted = it->posted;
+    i.prefetched.erase(it);
+    f.bucketer().wait_in_order(posted);  // only what the prefetch did not hide counts
+  }
   i.gather_ms += ms_since(t);
+}
+void Session::gather_rows(Slice table, std::size_t width, std::span<const std::int64_t> rows) {
+  auto& i = *impl_;
+  SINEW_ENFORCE(i.shards && i.shards->parameters_sharded(), "a gather of rows without --shard parameters");
+  const auto t = Clock::now();
+  auto& f = i.fabric();
+  f.bucketer().run_in_order(
+      [&] { i.shards->gather_rows(f.backend(), i.work.params(), table, width, rows, i.setup.op); });
+  i.gather_ms += ms_since(t);
+}
+std::uint64_t Session::prefetch_params(std::span<const Slice> ranges) {
+  auto& i = *impl_;
+  SINEW_ENFORCE(i.shards && i.shards->parameters_sharded(),
+                "a prefetch of parameters without --shard parameters");
+  auto& f = i.fabric();
+  Impl::Prefetch p{i.next_ticket++, {ranges.begin(), ranges.end()}, nullptr};
+  // The task owns its ranges: the caller's may be gone when the communication thread runs it.
+  p.posted = f.bucketer().post_in_order(
+      [&i, &f, r = p.ranges] { i.shards->gather_ranges(f.backend(), i.work.params(), r, i.setup.op); });
+  i.prefetched.push_back(std::move(p));
+  return i.prefetched.back().ticket;
 }
 void Session::release_params(std::span<const Slice> ranges) {
   auto& i = *impl_;

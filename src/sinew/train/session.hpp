@@ -163,7 +163,19 @@ class Session {
   /// need gather_params() of its ranges first (collective, in the same order on every rank, between the
   /// gradient buckets' reductions where backward calls it) and release_params() after (local).
   [[nodiscard]] bool sharded_parameters() const;
-  void gather_params(std::span<const Slice> ranges);
+  /// With `ticket` from prefetch_params() of the same ranges, waits for that gather instead (rethrowing its
+  /// failure).
+  void gather_params(std::span<const Slice> ranges, std::uint64_t ticket = 0);
+  /// The prefetch (--shard-prefetch): gather_params() of the unit that runs next, handed to the
+  /// communication thread without waiting for it, so that it overlaps the running unit's compute. A
+  /// collective, in the same order on every rank as gather_params(); returns the ticket for
+  /// gather_params(). Every prefetch is waited for by gather_params() before the step's reduction ends; a
+  /// recovery cancels those still pending.
+  std::uint64_t prefetch_params(std::span<const Slice> ranges);
+  /// An embedding unit's forward: of `table` (its weight's range, rows of `width` elements) only the rows
+  /// this rank's indices name (`rows`, sorted and distinct; each rank its own), in the unit's place among the
+  /// collectives as gather_params() (ShardedOptimizer::gather_rows).
+  void gather_rows(Slice table, std::size_t width, std::span<const std::int64_t> rows);
   void release_params(std::span<const Slice> ranges);
   /// The group's epoch: it changes with every change of membership.
   [[nodiscard]] std::uint64_t group_epoch() const;

@@ -192,6 +192,82 @@ void ShardedOptimizer::gather_ranges(comm::Backend& backend, std::span<float> pa
   bytes_sent_ += sent;
 }
 
+void ShardedOptimizer::gather_rows(comm::Backend& backend, std::span<float> params, Slice table,
+                                   std::size_t width, std::span<const std::int64_t> rows,
+                                   const comm::Options& op) {
+  SINEW_ENFORCE(arranged() && backend.size() == layout_.world && backend.rank() == rank_,
+                "a gather of rows over a view of {} as member {}, the shards are laid out over {} as {}",
+                backend.size(), backend.rank(), layout_.world, rank_);
+  SINEW_ENFORCE(width > 0 && table.count % width == 0 && table.end() <= params.size(),
+                "a gather of rows of {} elements from a table of {} at {}", width, table.count, table.offset);
+  const auto n_rows = static_cast<std::int64_t>(table.count / width);
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    SINEW_ENFORCE(rows[j] >= 0 && rows[j] < n_rows && (j == 0 || rows[j] > rows[j - 1]),
+                  "row {} of a gather: not sorted, distinct and in [0, {})", rows[j], n_rows);
+  }
+  const auto world = static_cast<std::size_t>(layout_.world);
+  // Who asks for what: each member's count, then every member's rows.
+  std::vector<std::int64_t> asked(world, 0);
+  asked[static_cast<std::size_t>(rank_)] = static_cast<std::int64_t>(rows.size());
+  backend.allreduce(comm::Buffer::of(std::span<std::int64_t>(asked)), comm::ReduceOp::kSum, op)
+      ->wait(op.timeout);
+  std::vector<std::size_t> counts(world);
+  std::size_t total = 0, before = 0;
+  for (std::size_t q = 0; q < world; ++q) {
+    counts[q] = static_cast<std::size_t>(asked[q]);
+    if (q == static_cast<std::size_t>(rank_)) before = total;
+    total += counts[q];
+  }
+  std::vector<std::int64_t> all(total);
+  std::copy(rows.begin(), rows.end(), all.begin() + static_cast<std::ptrdiff_t>(before));
+  backend.allgather_v(comm::Buffer::of(std::span<std::int64_t>(all)), counts, op)->wait(op.timeout);
+  // Each piece of a row (its part in one shard) comes from that shard's owner, unless the asker holds it.
+  // Every member walks the same pieces in the same order: member q's rows, then the shards they cross.
+  std::vector<std::vector<float>> out(world), in(world);
+  std::vector<std::vector<Slice>> into(world);  // where each received piece goes, in order
+  std::size_t at = 0;
+  for (std::size_t q = 0; q < world; ++q) {
+    const int asker = static_cast<int>(q);
+    for (std::size_t j = 0; j < counts[q]; ++j, ++at) {
+      const Slice row{table.offset + static_cast<std::size_t>(all[at]) * width, width};
+      for (int s = layout_.shard_of(row.offset); s < layout_.world; ++s) {
+        const Slice piece = intersect(layout_.shard(s), row);
+        if (layout_.shard(s).offset >= row.end()) break;
+        if (piece.count == 0 || sinew::train::holds(layout_, asker, s)) continue;
+        if (s == rank_) {
+          const auto src = piece.of(std::span<const float>(params));
+          out[q].insert(out[q].end(), src.begin(), src.end());
+        } else if (asker == rank_) {
+          into[static_cast<std::size_t>(s)].push_back(piece);
+        }
+      }
+    }
+  }
+  std::vector<comm::Backend::Message> sends, recvs;
+  std::uint64_t sent = 0;
+  for (std::size_t p = 0; p < world; ++p) {
+    if (!out[p].empty()) {
+      sends.push_back({comm::Buffer::of(std::span<float>(out[p])), static_cast<int>(p)});
+      sent += out[p].size() * sizeof(float);
+    }
+    std::size_t n = 0;
+    for (const Slice piece : into[p]) n += piece.count;
+    if (n > 0) {
+      in[p].resize(n);
+      recvs.push_back({comm::Buffer::of(std::span<float>(in[p])), static_cast<int>(p)});
+    }
+  }
+  if (auto w = backend.exchange(sends, recvs, op)) w->wait(op.timeout);
+  for (std::size_t p = 0; p < world; ++p) {
+    std::size_t from = 0;
+    for (const Slice piece : into[p]) {
+      std::copy_n(in[p].begin() + static_cast<std::ptrdiff_t>(from), piece.count, piece.of(params).begin());
+      from += piece.count;
+    }
+  }
+  bytes_sent_ += sent;
+}
+
 void ShardedOptimizer::release(std::span<float> buf, std::span<const Slice> ranges) const {
   if (!arranged()) {  // holds nothing
     for (const Slice r : ranges) release_pages(r.of(buf));

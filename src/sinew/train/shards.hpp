@@ -170,6 +170,12 @@ class ShardedOptimizer {
   /// owners of the shards it crosses (an all-gather of uneven blocks per range), into `params`.
   void gather_ranges(comm::Backend& backend, std::span<float> params, std::span<const Slice> ranges,
                      const comm::Options& op);
+  /// Collective, an embedding's forward: of `table` (a range of `params`, rows of `width` elements) only the
+  /// rows each member names, each row's pieces from the owners of the shards they cross, point to point
+  /// (pieces a member holds itself are not sent). `rows`: this member's, sorted and distinct; they differ
+  /// between members and are shared first (an all-gather). The rest of the table is left as it is.
+  void gather_rows(comm::Backend& backend, std::span<float> params, Slice table, std::size_t width,
+                   std::span<const std::int64_t> rows, const comm::Options& op);
   /// Gives the memory of the parts of `ranges` of `buf` (a flat buffer of map_pages(), core/pages.hpp) that
   /// this member does not hold back to the system; they read as zero until written again. Whole pages
   /// only: those a held range shares keep their memory. Local.
