@@ -6,8 +6,9 @@ transformer layer: a wrap policy over submodules, as FSDP's) is gathered whole o
     backward    unit k:  gather (when the gradient of its output arrives) -> backward; released when the unit
                          before it is gathered (its backward is over) or when backward ends. A unit that is an
                          nn.Embedding is not gathered for backward: its gradient does not read its weight
-    the root    the parameters in no unit (embeddings, the last norm, the head): gathered at the model's
-                forward, released when backward ends (or after the forward, without gradients)
+    the root    the parameters in no unit (the last norm, the head), in two, or tied to a module outside their
+                unit (a head that shares the embedding's weight): gathered at the model's forward, released
+                when backward ends (or after the forward, without gradients)
     prefetch    the next shard_prefetch units (default 1) are gathered while a unit runs: in forward the units
                 after it in the order the last forward ran them, in backward those before it in this forward's
                 order (each unit ahead holds its parameters whole meanwhile). A prediction that misses costs
@@ -30,7 +31,8 @@ from . import CommFailure, Error, UsageError
 
 def _default_units(module):
     """The elements of the model's nn.ModuleList and nn.Sequential containers that hold parameters, outermost
-    first (a transformer's layers): FSDP's usual wrapping of one unit per block."""
+    first (a transformer's layers): FSDP's usual wrapping of one unit per block; and each nn.Embedding outside
+    them (its forward gathers only the rows its indices name, its backward nothing)."""
     units = []
     inside = set()
 
@@ -41,6 +43,9 @@ def _default_units(module):
                     if any(p.requires_grad for p in el.parameters()) and id(el) not in inside:
                         units.append(el)
                         inside.update(id(x) for x in el.modules())
+            elif isinstance(child, torch.nn.Embedding) and child.weight.requires_grad and id(child) not in inside:
+                units.append(child)
+                inside.add(id(child))
             if id(child) not in inside:
                 visit(child)
 
@@ -102,17 +107,25 @@ class Units:
             return ((p.data_ptr() - base) // size, p.numel())
 
         flat_ids = {id(p) for _, p in model._named_params}
+        holders = {}  # parameter -> the modules that hold it as their own
+        for m in module.modules():
+            for p in m.parameters(recurse=False):
+                holders.setdefault(id(p), set()).add(id(m))
         owner = {}
         for i, u in enumerate(units):
+            inside = {id(x) for x in u.modules()}
             for p in u.parameters():
                 if id(p) in flat_ids:
-                    owner.setdefault(id(p), set()).add(i)
+                    # A weight tied to a module outside the unit (a language model's head to its embedding) is
+                    # read outside it too: no unit's (-1).
+                    owner.setdefault(id(p), set()).add(i if holders[id(p)] <= inside else -1)
         self.ranges = []
         for i, u in enumerate(units):
             mine = {id(p): p for p in u.parameters() if owner.get(id(p)) == {i}}
             self.ranges.append(_runs(span(p) for p in mine.values()))
-        # Parameters in no unit, or shared by two (tied weights): the root's, whole for the whole step.
-        self.root = _runs(span(p) for _, p in model._named_params if len(owner.get(id(p), ())) != 1)
+        # Parameters in no unit, in two, or tied to a module outside their unit: the root's, whole for the step.
+        self.root = _runs(span(p) for _, p in model._named_params if owner.get(id(p), {-1}) == {-1} or
+                          len(owner[id(p)]) != 1)
         self.modules = units
         # Units whose backward reads none of their parameters: an nn.Embedding's gradient is its output's
         # gradient summed by index, the weight plays no part. They are not gathered again for backward (a

@@ -37,11 +37,32 @@ class MeanTokens(nn.Module):
         return h.mean(1)
 
 
+class Tied(nn.Module):
+    """A language model's shape: an embedding, layers in a ModuleList, a head whose weight is the embedding's."""
+
+    def __init__(self, vocab, width, classes):
+        super().__init__()
+        self.tokens = Tokens()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(2))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.out = nn.Linear(64, classes)
+
+    def forward(self, x):
+        h = self.embed(self.tokens(x))
+        for layer in self.layers:
+            h = F.relu(layer(h))
+        return self.out(self.head(h.mean(1))[:, :64])
+
+
 def build(name, channels, height, width, classes):
     torch.manual_seed(1234)
     if name == "embed":  # an nn.Embedding unit of 0.4 M parameters (its backward reads no weight), two Linear units
         return nn.Sequential(Tokens(), nn.Embedding(channels * height * width * 16, 32), MeanTokens(),
                              nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, classes))
+    if name == "tied":  # the embedding's weight is also the head's: not a unit's (the root's)
+        return Tied(channels * height * width * 16, 32, classes)
     if name == "big":  # 25.3 M parameters: 101 MB, AdamW's whole training state 405 MB
         return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 2048), nn.ReLU(),
                              *[m for _ in range(6) for m in (nn.Linear(2048, 2048), nn.ReLU())], nn.Linear(2048, classes))

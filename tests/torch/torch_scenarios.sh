@@ -564,6 +564,12 @@ PY
     # Its forward gathers only the rows the step's indices name, point to point from their owners.
     grep -q "embedding forwards that gathered only their rows: [1-9]" "$d/out.txt" || fail "embed: gathered whole"
     compare_loop "$d/e-whole.pt" "$d/e-p.pt" 0 || fail "embed: differs from the whole state"
+    # A head tied to the embedding (a language model's): the weight is read outside the embedding's unit, so it is
+    # the root's, whole for the step; bit for bit the whole state.
+    loop 4 180 --model tied --optimizer adamw --out "$d/t-whole.pt" -- "${lcommon[@]}" || fail "tied whole: exit $?"
+    loop 4 180 --model tied --optimizer adamw --out "$d/t-p.pt" -- "${lcommon[@]}" --shard parameters \
+      || fail "tied: exit $?"
+    compare_loop "$d/t-whole.pt" "$d/t-p.pt" 0 || fail "tied: differs from the whole state"
     # kill -9 of rank 2 in forward: the survivors' gather of the embedding's rows fails; recovered in place.
     rm -rf "$d/audit"
     loop 4 180 --model embed --optimizer adamw --workers 2 --out "$d/e-k.pt" -- "${lcommon[@]}" \
