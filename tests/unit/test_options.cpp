@@ -89,6 +89,16 @@ TEST(Options, ShardPrefetchIsBoundedInUnits) {
     c.shard_prefetch = units;
     EXPECT_THROW(validate(c), InvalidArgument) << units;
   }
+  // Named where it does nothing: refused, naming the stage it is for.
+  const char* other[] = {"sinew-train", "--shard", "optimizer", "--shard-prefetch", "2"};
+  try {
+    (void)parse_command_line(5, other);
+    ADD_FAILURE() << "--shard-prefetch with --shard optimizer was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("is for --shard parameters"), std::string::npos) << e.message();
+  }
+  const char* zero3[] = {"sinew-train", "--shard", "parameters", "--shard-prefetch", "2"};
+  EXPECT_EQ(parse_command_line(5, zero3).config->shard_prefetch, 2);
 }
 
 TEST(Options, ChoicesAreTyped) {

@@ -616,6 +616,14 @@ ParseResult parse_command_line(int argc, const char* const* argv, const launch::
   // Here, before MPI starts, from the environment every rank shares: every rank gets the same paths.
   expand_path_patterns(c, env);
   validate(c);
+  // Asked for by name where it does nothing: said, not ignored.
+  if (!vm["shard-prefetch"].defaulted() && c.shard != ShardStage::kParameters) {
+    SINEW_THROW(
+        InvalidArgument,
+        "--shard-prefetch is for --shard parameters (ZeRO-3: units gathered while they run); this job "
+        "has --shard {}: leave --shard-prefetch out or use --shard parameters",
+        name_of(kShardNames, c.shard));
+  }
   return {c, {}};
 }
 
