@@ -331,7 +331,7 @@ TEST(StateSync, ShardedParametersGatherReleaseAndReshard) {
   if (r != 1) {
     for (int s = 1; s < n; ++s)  // the row that crosses shard s's first element
       rows.push_back(static_cast<std::int64_t>((shards.layout().shard(s).offset - table.offset) / width));
-    rows.push_back(11 * r);
+    rows.push_back(std::int64_t{11} * r);
     rows.push_back(999);
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());

@@ -140,6 +140,8 @@ std::size_t GradientBucketer::first_incomplete() const {
   return b;
 }
 
+// (By value: the communication thread's override keeps it.)
+// NOLINTNEXTLINE(performance-unnecessary-value-param)
 Bucketer::Ticket Bucketer::post_in_order(std::function<void()> fn) {
   auto t = std::make_shared<InOrder>();
   try {
