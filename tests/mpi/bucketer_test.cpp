@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <numeric>
 #include <span>
 #include <thread>
 #include <vector>
@@ -65,6 +66,9 @@ void check_matches_mpi(std::size_t bucket_bytes, bool overlap) {
 }
 }  // namespace
 
+// Layers of mixed sizes (with 4 KiB buckets, many buckets) that the in-order tests hand collectives between.
+const std::vector<std::size_t> kMixedLayers = {7, 3000, 1, 50000, 129, 20000, 10};
+
 TEST(Bucketer, MatchesMpiAllreduceManySmallBuckets) { check_matches_mpi(4096, true); }
 
 // Collectives handed to the bucketer between the ranges' arrivals (--shard parameters' gathers inside
@@ -73,11 +77,9 @@ TEST(Bucketer, MatchesMpiAllreduceManySmallBuckets) { check_matches_mpi(4096, tr
 TEST(Bucketer, RunsCollectivesInOrderBetweenBuckets) {
   for (const std::size_t backlog : {std::size_t{0}, std::size_t{1}}) {
     comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
-    const std::vector<std::size_t> sizes = {7, 3000, 1, 50000, 129, 20000, 10};
-    std::size_t total = 0;
-    for (auto s : sizes) total += s;
+    const std::size_t total = std::accumulate(kMixedLayers.begin(), kMixedLayers.end(), std::size_t{0});
     std::vector<float> grads(total, 1.f);
-    const auto ranges = layer_ranges(sizes);
+    const auto ranges = layer_ranges(kMixedLayers);
     comm::BucketOptions o;
     o.bucket_bytes = 4096;
     o.max_backlog = backlog;
@@ -105,11 +107,9 @@ TEST(Bucketer, RunsCollectivesInOrderBetweenBuckets) {
 // finish.
 TEST(Bucketer, PostedCollectivesRunInOrderAndCancelLeavesTheRest) {
   comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
-  const std::vector<std::size_t> sizes = {7, 3000, 1, 50000, 129, 20000, 10};
-  std::size_t total = 0;
-  for (auto s : sizes) total += s;
+  const std::size_t total = std::accumulate(kMixedLayers.begin(), kMixedLayers.end(), std::size_t{0});
   std::vector<float> grads(total, 1.f);
-  const auto ranges = layer_ranges(sizes);
+  const auto ranges = layer_ranges(kMixedLayers);
   comm::BucketOptions o;
   o.bucket_bytes = 4096;
   comm::GradientBucketer bucketer(backend, grads, ranges, o);
