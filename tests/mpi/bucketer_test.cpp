@@ -66,8 +66,21 @@ void check_matches_mpi(std::size_t bucket_bytes, bool overlap) {
 }
 }  // namespace
 
-// Layers of mixed sizes (with 4 KiB buckets, many buckets) that the in-order tests hand collectives between.
-const std::vector<std::size_t> kMixedLayers = {7, 3000, 1, 50000, 129, 20000, 10};
+// Layers of mixed sizes, gradients of one, in 4 KiB buckets (many of them): what the in-order tests hand
+// collectives between.
+struct MixedLayers {
+  static constexpr std::size_t kSizes[] = {7, 3000, 1, 50000, 129, 20000, 10};
+  std::size_t total = std::accumulate(std::begin(kSizes), std::end(kSizes), std::size_t{0});
+  std::vector<float> grads = std::vector<float>(total, 1.f);
+  std::vector<Slice> ranges = layer_ranges({std::begin(kSizes), std::end(kSizes)});
+
+  static comm::BucketOptions small_buckets(std::size_t backlog) {
+    comm::BucketOptions o;
+    o.bucket_bytes = 4096;
+    o.max_backlog = backlog;
+    return o;
+  }
+};
 
 TEST(Bucketer, MatchesMpiAllreduceManySmallBuckets) { check_matches_mpi(4096, true); }
 
@@ -77,13 +90,9 @@ TEST(Bucketer, MatchesMpiAllreduceManySmallBuckets) { check_matches_mpi(4096, tr
 TEST(Bucketer, RunsCollectivesInOrderBetweenBuckets) {
   for (const std::size_t backlog : {std::size_t{0}, std::size_t{1}}) {
     comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
-    const std::size_t total = std::accumulate(kMixedLayers.begin(), kMixedLayers.end(), std::size_t{0});
-    std::vector<float> grads(total, 1.f);
-    const auto ranges = layer_ranges(kMixedLayers);
-    comm::BucketOptions o;
-    o.bucket_bytes = 4096;
-    o.max_backlog = backlog;
-    comm::GradientBucketer bucketer(backend, grads, ranges, o);
+    MixedLayers m;
+    auto& [total, grads, ranges] = m;
+    comm::GradientBucketer bucketer(backend, grads, ranges, MixedLayers::small_buckets(backlog));
     std::vector<double> sums;
     for (std::size_t k = 0; k < ranges.size(); ++k) {
       bucketer.mark_ready(ranges[k]);
@@ -107,12 +116,9 @@ TEST(Bucketer, RunsCollectivesInOrderBetweenBuckets) {
 // finish.
 TEST(Bucketer, PostedCollectivesRunInOrderAndCancelLeavesTheRest) {
   comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
-  const std::size_t total = std::accumulate(kMixedLayers.begin(), kMixedLayers.end(), std::size_t{0});
-  std::vector<float> grads(total, 1.f);
-  const auto ranges = layer_ranges(kMixedLayers);
-  comm::BucketOptions o;
-  o.bucket_bytes = 4096;
-  comm::GradientBucketer bucketer(backend, grads, ranges, o);
+  MixedLayers m;
+  auto& [total, grads, ranges] = m;
+  comm::GradientBucketer bucketer(backend, grads, ranges, MixedLayers::small_buckets(0));
   std::vector<double> sums(ranges.size());
   std::vector<comm::Bucketer::Ticket> posted;
   for (std::size_t k = 0; k < ranges.size(); ++k) {
