@@ -169,7 +169,12 @@ STEP_CHUNK = 1 << 20
 
 def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
     """--shard optimizer: `opt` is the script's settings, never stepped; Sinew makes an optimizer of its class per
-    shard it holds, over views of that range of the flat buffers, with state for that range only (ZeRO-1)."""
+    shard it holds, over views of that range of the flat buffers, with state for that range only (ZeRO-1).
+
+    A model on a GPU: the shards are views of the flat buffers' host record (work.host_params, host_grads), where
+    Sinew brings the held ranges' reduced gradients and steps them, and whence it copies the updated parameters
+    to the GPU (ZeRO-Offload's placement; its state is in host memory). Settings for CUDA tensors only
+    (capturable) are off there."""
     kind = type(opt).__name__
     if kind not in ELEMENTWISE or type(opt).__module__.split(".")[:2] != ["torch", "optim"]:
         raise UsageError(f"--shard optimizer: {kind} is not one of torch.optim's element-wise optimizers "
@@ -187,14 +192,23 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
             other[k] = v
     group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
     positions = [(n, p) for n, p in named_params]
+    on_host = {"capturable": False} if work.flat_params.device.type != "cpu" else {}
+
+    def settings(i):
+        out = {k: v for k, v in opt.param_groups[i].items() if k != "params"}
+        out.update({k: v for k, v in on_host.items() if k in out})
+        if on_host and torch.is_tensor(out.get("lr")):
+            out["lr"] = out["lr"].item()  # (a GPU tensor of the script's, for the host's step)
+        return out
 
     def make(offset, count):
-        flat, grads = work.flat_params, work.flat_grads
-        base = flat.data_ptr()
+        flat, grads = work.host_params, work.host_grads  # (on the CPU: the flat buffers themselves)
+        base = work.flat_params.data_ptr()
+        size = work.flat_params.element_size()
         bufs = {k: torch.full((count,), v, dtype=flat.dtype) for k, v in shaped.items()}
         pieces = {}  # the script's group -> [(view parameter, its first element)]
         for _, p in positions:
-            at = (p.data_ptr() - base) // flat.element_size()
+            at = (p.data_ptr() - base) // size
             lo, hi = max(at, offset), min(at + p.numel(), offset + count)
             # Pieces of at most STEP_CHUNK elements: a step's temporaries (Adam's denominator: two of the piece's
             # size) are then a few MB, not twice a language model's embedding (the peak of a sharded step).
@@ -207,8 +221,7 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
         if not pieces:  # an empty shard (fewer elements than ranks)
             return state, lambda x: None, lambda: 0, lambda n: None
         order = sorted(pieces)
-        shard = type(opt)([{**{k: v for k, v in opt.param_groups[i].items() if k != "params"},
-                            "params": [q for q, _ in pieces[i]]} for i in order])
+        shard = type(opt)([{**settings(i), "params": [q for q, _ in pieces[i]]} for i in order])
         views = []
         for i in order:
             for q, lo in pieces[i]:
@@ -222,7 +235,7 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
         def step(x):
             # The script's settings now (its scheduler's learning rate), at Sinew's factor or learning rate.
             for g, i in zip(shard.param_groups, order):
-                g.update({k: v for k, v in opt.param_groups[i].items() if k != "params"})
+                g.update(settings(i))
                 g["lr"] = g["lr"] * x if own_loop else x
             shard.step()
             opt._opt_called = True  # what the script's step would have told its lr_scheduler

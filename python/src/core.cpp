@@ -136,9 +136,9 @@ PYBIND11_MODULE(_core, m) {
                        const pytorch::Job& job, std::string model) {
              // --shard: known before the script's optimiser is adopted (per shard, then).
              if (job.config().shard != train::ShardStage::kNone) {
-               return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
-                                                               std::move(model),
-                                                               pytorch::TorchWorkload::Sharded{});
+               return std::make_unique<pytorch::TorchWorkload>(
+                   named(params), named(buffers), job.optimizer(), std::move(model),
+                   pytorch::TorchWorkload::Sharded{job.config().shard == train::ShardStage::kParameters});
              }
              return std::make_unique<pytorch::TorchWorkload>(named(params), named(buffers), job.optimizer(),
                                                              std::move(model));
@@ -147,6 +147,8 @@ PYBIND11_MODULE(_core, m) {
       .def("describe", &pytorch::TorchWorkload::describe)
       .def_property_readonly("flat_params", &pytorch::TorchWorkload::flat_params)
       .def_property_readonly("flat_grads", &pytorch::TorchWorkload::flat_grads)
+      .def_property_readonly("host_params", &pytorch::TorchWorkload::host_params)
+      .def_property_readonly("host_grads", &pytorch::TorchWorkload::host_grads)
       .def("unreported", &pytorch::TorchWorkload::unreported)
       .def("zero_grads", &pytorch::TorchWorkload::zero_grads)
       .def(

@@ -95,10 +95,35 @@ struct Outcome {
   int failures = 0, world = 0;  // recoveries lived through; the group's size at the end
 };
 
+/// A script's optimiser per shard, as the Python package makes a torch.optim one (sinew/optim.py): momentum
+/// SGD in torch operations over views of the range of work.host_params()/host_grads(), with its momentum as
+/// its state. The runtime steps it where it steps its own shards; on a device that is the host record.
+pytorch::ShardFactory script_optimizer(TorchWorkload& work) {
+  return [&work](Slice r) {
+    const auto range = [r](const at::Tensor& t) {
+      return t.narrow(0, static_cast<std::int64_t>(r.offset), static_cast<std::int64_t>(r.count));
+    };
+    at::Tensor params = range(work.host_params()), grads = range(work.host_grads());
+    at::Tensor momentum = at::zeros({static_cast<std::int64_t>(r.count)});
+    auto steps = std::make_shared<std::int64_t>(0);
+    pytorch::ExternalOptimizer o;
+    o.state = {{"momentum_buffer", momentum}};
+    o.step = [params, grads, momentum, steps](float lr) mutable {
+      at::NoGradGuard no_grad;
+      momentum.mul_(0.5).add_(grads);  // (not Sinew's own 0.9: its run must differ)
+      params.sub_(momentum, lr);
+      ++*steps;
+    };
+    o.steps = [steps] { return *steps; };
+    o.set_steps = [steps](std::int64_t n) { *steps = n; };
+    return o;
+  };
+}
+
 /// Trains a small model with BatchNorm over every rank, on the device path with `api` (else the host path),
-/// with the optimiser state sharded as `shard` says.
+/// with the optimiser state sharded as `shard` says (by script_optimizer()'s shards where `script`).
 Outcome train_over(FakeApi* api, train::ShardStage shard = train::ShardStage::kNone, int replicas = 2,
-                   const char* fault = nullptr) {
+                   const char* fault = nullptr, bool script = false) {
   torch::manual_seed(11);
   const auto x = torch::randn({kTrain, 6});
   const auto y = torch::randint(0, 3, {kTrain});
@@ -127,6 +152,7 @@ Outcome train_over(FakeApi* api, train::ShardStage shard = train::ShardStage::kN
     work = TorchWorkload::of(*net, train::optimizer_options(cfg), "net");
   }
   if (shard != train::ShardStage::kNone) work->shard_state();  // as Job::start does for a C++ caller
+  if (script) work->use_sharded_optimizer("script-sgd", script_optimizer(*work));
   run.grads = reinterpret_cast<std::uintptr_t>(work->flat_grads().data_ptr<float>());
   run.grads_end = run.grads + static_cast<std::uintptr_t>(work->flat_grads().numel()) * sizeof(float);
   run.device_params = reinterpret_cast<std::uintptr_t>(work->flat_params().data_ptr<float>());
@@ -316,6 +342,33 @@ TEST(TorchDevice, ShardedStateOverTheFakeNcclTrainsAsTheHostPath) {
     }
     EXPECT_TRUE(api.misuse().empty());
     EXPECT_EQ(api.live_comms(), 0);
+  }
+}
+
+// A script's optimiser per shard on the device path (a torch.optim one from Python: sinew/optim.py makes it
+// over work.host_params and host_grads): its shards step the host record the session brought the held
+// ranges' reduced gradients to, and the session copies what they wrote to the device. As the host path with
+// the same optimiser; a shard over the device buffers instead would have its update overwritten by the
+// copy (tested: the run then differs from the host path's by far more than the tolerance).
+TEST(TorchDevice, ScriptOptimizerShardsStepTheHostRecord) {
+  for (const train::ShardStage shard : {train::ShardStage::kOptimizer, train::ShardStage::kGradients}) {
+    SCOPED_TRACE(fmt::format("--shard {}", name_of(train::kShardNames, shard)));
+    const Outcome host = train_over(nullptr, shard, 2, nullptr, /*script=*/true);
+    FakeApi api;
+    const Outcome dev = train_over(&api, shard, 2, nullptr, /*script=*/true);
+    ASSERT_NO_FATAL_FAILURE(expect_trained_alike(host, dev));
+    const Outcome own = train_over(nullptr, shard, 2);  // Sinew's own optimiser: the script's moved the model
+    EXPECT_GT(worst(own.params, host.params), 0.0) << "the script's optimiser was not the one stepped";
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+      std::printf(
+          "[device_test] a script's optimiser, --shard %s R=2: %lld steps, largest difference to the "
+          "host path %.2e\n",
+          std::string(name_of(train::kShardNames, shard)).c_str(), static_cast<long long>(dev.steps),
+          worst(host.params, dev.params));
+    }
+    EXPECT_TRUE(api.misuse().empty());
   }
 }
 

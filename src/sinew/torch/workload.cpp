@@ -149,25 +149,31 @@ TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedT
     : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
   if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
   for (const NamedTensor& p : params_) check_parameter(p);
-  const c10::Device d = device_of(params_, buffer_tensors_);
-  if (d.is_cuda()) {
-    const int index = d.has_index() ? d.index() : 0;
-    device_ = Device{index, static_cast<int>(torch::cuda::device_count()),
-                     cuda_ready_events(index, params_.size())};
-  }
+  device_ = device_of_tensors();
   init(optimizer);
 }
 
+std::optional<Device> TorchWorkload::device_of_tensors() const {
+  const c10::Device d = device_of(params_, buffer_tensors_);
+  if (!d.is_cuda()) return std::nullopt;
+  const int index = d.has_index() ? d.index() : 0;
+  return Device{index, static_cast<int>(torch::cuda::device_count()),
+                cuda_ready_events(index, params_.size())};
+}
+
 TorchWorkload::TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
-                             const optim::OptimizerOptions& optimizer, std::string model, Sharded)
+                             const optim::OptimizerOptions& optimizer, std::string model, Sharded sharded)
     : params_(std::move(params)), buffer_tensors_(std::move(buffers)), model_(std::move(model)) {
   if (params_.empty()) SINEW_THROW(InvalidArgument, "{} has no parameters that require a gradient", model_);
   for (const NamedTensor& p : params_) check_parameter(p);
-  if (device_of(params_, buffer_tensors_).is_cuda())
+  if (sharded.parameters && device_of(params_, buffer_tensors_).is_cuda()) {
     SINEW_THROW(
         InvalidArgument,
-        "--shard: the model is on a GPU, and a torch.optim optimizer's shards are stepped on the CPU; "
-        "use shard=\"none\" on the GPU, or train on the CPU");
+        "shard=\"parameters\": the model is on a GPU, and sharded parameters are gathered and released "
+        "in host memory (PyTorch models on the CPU); use shard=\"gradients\" or \"optimizer\" on the "
+        "GPU (the optimizer's state sharded on the host), or train on the CPU");
+  }
+  device_ = device_of_tensors();
   init(optimizer, /*sharded=*/true);
 }
 
@@ -200,11 +206,17 @@ void TorchWorkload::init(const optim::OptimizerOptions& optimizer, bool sharded)
   for (std::size_t i = params_.size(); i-- > 0;) order_.push_back(i);  // the module's order, reversed
   done_.assign(params_.size(), false);
   if (device_) {
-    device_optimizer_ = std::make_unique<TensorOptimizer>(optimizer, flat_params_);
     host_params_ = host_copy(flat_params_);
-    host_grads_ = at::zeros_like(host_params_);  // the layout's size for the runtime; never trained
+    // The layout's size for the runtime; the sharded update's held ranges (step_shards: grads_to_host).
+    host_grads_ = at::zeros_like(host_params_);
     host_buffers_ = host_copy(flat_buffers_);
-    for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
+    if (sharded) {  // the state's shards and their update on the host (session.cpp's step_shards)
+      sharded_ = true;
+      sharded_name_ = optim::make_optimizer(optimizer, 0)->name();
+    } else {
+      device_optimizer_ = std::make_unique<TensorOptimizer>(optimizer, flat_params_);
+      for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
+    }
   } else if (sharded) {
     sharded_ = true;
     sharded_name_ = optim::make_optimizer(optimizer, 0)->name();
@@ -451,13 +463,8 @@ void TorchWorkload::shard_state() {
 
 void TorchWorkload::use_sharded_optimizer(std::string name, ShardFactory make) {
   SINEW_ENFORCE(sharded_, "a sharded optimiser for a workload that does not shard its state");
-  if (device_) {
-    // Its shards would step host tensors the script's optimiser does not know; Sinew's own runs there.
-    SINEW_THROW(InvalidArgument,
-                "optimizer {}: a sharded optimizer state on a GPU (GPU {}) is updated on the host by Sinew's "
-                "own optimizer, not by a torch.optim one; use shard=\"none\" on the GPU, or train on the CPU",
-                name, device_->index);
-  }
+  // On a GPU too: `make` builds each shard's optimiser over the host record (host_params(), host_grads()),
+  // where the session steps the shards (ZeRO-Offload's placement).
   if (shards_made_) {
     // The runtime made its shards with Sinew's own optimiser already: this one would never be stepped.
     SINEW_THROW(

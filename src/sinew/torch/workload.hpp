@@ -116,8 +116,12 @@ class TorchWorkload final : public workload::Workload {
   TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
                 const optim::OptimizerOptions& optimizer, std::string model);
   /// The same for a sharded optimiser state (shard_state() from the start: Sinew's fused optimiser's whole
-  /// state is never allocated, which for a large model would double its memory at this point).
-  struct Sharded {};
+  /// state is never allocated, which for a large model would double its memory at this point). On a GPU the
+  /// shards are stepped on the host record (host_params(), host_grads()); `parameters` (--shard parameters)
+  /// is refused there with InvalidArgument.
+  struct Sharded {
+    bool parameters = false;
+  };
   TorchWorkload(std::vector<NamedTensor> params, std::vector<NamedTensor> buffers,
                 const optim::OptimizerOptions& optimizer, std::string model, Sharded);
   /// The same on `device`, whatever memory the tensors are in: the device path over host memory, for tests
@@ -241,6 +245,11 @@ class TorchWorkload final : public workload::Workload {
   /// The flat buffers as tensors (views of the same memory; on a device, in device memory).
   [[nodiscard]] const at::Tensor& flat_params() const noexcept { return flat_params_; }
   [[nodiscard]] const at::Tensor& flat_grads() const noexcept { return flat_grads_; }
+  /// The flat parameters and gradients a sharded optimiser steps (shard_optimizer()'s views): flat_params()
+  /// and flat_grads() on the CPU; on a GPU their host record, which the session fills with the held ranges'
+  /// reduced gradients before the step and copies to the device after it.
+  [[nodiscard]] const at::Tensor& host_params() const noexcept { return host_params_; }
+  [[nodiscard]] const at::Tensor& host_grads() const noexcept { return host_grads_; }
   /// The optimiser's state tensors where training uses them (on a device: there), in optimizer_state()'s
   /// order. On the host with Sinew's fused optimiser: views of its buffers.
   [[nodiscard]] std::vector<at::Tensor> state_tensors();
@@ -251,6 +260,8 @@ class TorchWorkload final : public workload::Workload {
 
  private:
   void init(const optim::OptimizerOptions& optimizer, bool sharded = false);
+  /// The GPU the tensors are on (with its ready events), or none on the CPU.
+  [[nodiscard]] std::optional<Device> device_of_tensors() const;
   [[nodiscard]] std::string optimizer_name_unsharded() const;  // Sinew's fused optimiser's
   void report(std::size_t i);
 
