@@ -3,8 +3,9 @@ transformer layer: a wrap policy over submodules, as FSDP's) is gathered whole o
 
     forward     unit k:  gather (before its forward) -> forward -> release. An nn.Embedding unit gathers only
                          the rows its indices name (a language model's largest unit: a few rows of it a step)
-    backward    unit k:  gather (when the gradient of its output arrives) -> backward; released when the unit
-                         before it is gathered (its backward is over) or when backward ends. A unit that is an
+    backward    unit k:  gather (when the gradient of its output arrives) -> backward; released when a unit
+                         that ran before it in this forward is gathered (its backward is over: backward runs
+                         the forward's order in reverse) or when backward ends. A unit that is an
                          nn.Embedding is not gathered for backward: its gradient does not read its weight
     the root    the parameters in no unit (the last norm, the head), in two, or tied to a module outside their
                 unit (a head that shares the embedding's weight): gathered at the model's forward, released
@@ -147,6 +148,7 @@ class Units:
         self.back_at = 0       # backward's place in self.order (it runs it in reverse)
         self.prefetched = 0    # gathers prefetched, and of them waited for when their unit ran (hits)
         self.prefetch_hits = 0
+        self.most_in_backward = 0  # the most units held whole at once in backward (gathered or being gathered)
         self.handles = []
         for i, u in enumerate(units):
             self.handles.append(u.register_forward_pre_hook(self._pre_forward(i)))
@@ -235,15 +237,27 @@ class Units:
             return []
         return _distinct(self.last_order[k + 1:], i, self.ahead)
 
-    def _next_in_backward(self, i):
-        """The units backward reaches after i: those before it in this forward's order, in reverse (a unit
-        whose backward reads no parameter is not gathered for it)."""
+    def _backward_at(self, i):
+        """Where backward is in this forward's order as unit i's backward begins: i's nearest place before the last
+        one backward reached (it runs the order in reverse); None where i is not there (an autograd order that is
+        not the forward's reversed: then nothing is released early and nothing prefetched)."""
         k = self.back_at - 1
         while k >= 0 and self.order[k] != i:
             k -= 1
-        if not self.ahead or k < 0:
-            return []
+        if k < 0:
+            return None
         self.back_at = k
+        return k
+
+    def _done_in_backward(self, k):
+        """The units whose backward is over at place k: those that ran after it in this forward, and not before."""
+        return set(self.order[k + 1:]) - set(self.order[:k + 1])
+
+    def _next_in_backward(self, i, k):
+        """The units backward reaches after i at place k: those before it in this forward's order, in reverse (a
+        unit whose backward reads no parameter is not gathered for it)."""
+        if not self.ahead or k is None:
+            return []
         return _distinct((j for j in reversed(self.order[:k]) if not self.weightless_backward[j]), i, self.ahead)
 
     def _failure(self, e, in_backward):
@@ -300,12 +314,17 @@ class Units:
                 def pre_backward(grad):
                     if not fired[0]:
                         fired[0] = True
-                        # Backward runs the units in reverse: those after this one are done.
-                        for j in [j for j in self.resident if j > i]:
+                        # Backward runs the forward's order in reverse: the units after this one there are done
+                        # (whatever their index: a forward may call its units in any order).
+                        k = self._backward_at(i)
+                        done = self._done_in_backward(k) if k is not None else set()
+                        for j in [j for j in self.resident if j in done]:
                             self._release(j)
                         if not self.weightless_backward[i]:
                             self._gather(i, in_backward=True)
-                        self._prefetch(self._next_in_backward(i))
+                        self._prefetch(self._next_in_backward(i, k))
+                        held = len((self.resident | set(self.pending)) - {-1})
+                        self.most_in_backward = max(self.most_in_backward, held)
                     return grad
 
                 for t in _tensors(output):

@@ -56,6 +56,22 @@ class Tied(nn.Module):
         return self.out(self.head(h.mean(1))[:, :64])
 
 
+class Reversed(nn.Module):
+    """Layers in a ModuleList that its forward calls last to first: the units' order is not their index order."""
+
+    def __init__(self, inputs, classes):
+        super().__init__()
+        self.first = nn.Linear(inputs, 64)
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(4))
+        self.out = nn.Linear(64, classes)
+
+    def forward(self, x):
+        h = F.relu(self.first(x.flatten(1)))
+        for layer in reversed(self.layers):
+            h = F.relu(layer(h))
+        return self.out(h)
+
+
 def build(name, channels, height, width, classes):
     torch.manual_seed(1234)
     if name == "embed":  # an nn.Embedding unit of 0.4 M parameters (its backward reads no weight), two Linear units
@@ -63,6 +79,8 @@ def build(name, channels, height, width, classes):
                              nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, classes))
     if name == "tied":  # the embedding's weight is also the head's: not a unit's (the root's)
         return Tied(channels * height * width * 16, 32, classes)
+    if name == "reversed":  # 4 units called in reverse index order
+        return Reversed(channels * height * width, classes)
     if name == "big":  # 25.3 M parameters: 101 MB, AdamW's whole training state 405 MB
         return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 2048), nn.ReLU(),
                              *[m for _ in range(6) for m in (nn.Linear(2048, 2048), nn.ReLU())], nn.Linear(2048, classes))
@@ -314,6 +332,8 @@ def main():
     if units is not None and job.rank == 0:
         print(f"[own_loop] prefetched gathers: {units.prefetched}, {units.prefetch_hits} waited for by their unit",
               flush=True)
+        print(f"[own_loop] units held whole at once in backward: at most {units.most_in_backward} of "
+              f"{len(units.ranges)}", flush=True)
     if cgroup is not None:
         peak = job.all_reduce(cgroup.peak(), op="max")
         if job.rank == 0:

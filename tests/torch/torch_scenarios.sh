@@ -29,8 +29,9 @@
 #                      in place, audit exact, the failure-free parameters; clipping; a checkpoint of sharded
 #                      parameters read by h5py and resumed at 3 ranks (ZeRO-1) and 2 (unsharded)
 #   loop-zero3-more    --shard parameters: an nn.Embedding unit not gathered for backward, its gradient written in
-#                      place, bit for bit the whole state; with bytegrad bit for bit --shard gradients with
-#                      bytegrad, also after a kill -9
+#                      place, its forward gathering its rows, bit for bit the whole state; a tied head; units
+#                      called against their index order, released in backward by the forward's order; with
+#                      bytegrad bit for bit --shard gradients with bytegrad, also after a kill -9
 #   loop-memlimit      a model over the per-rank memory limit (a cgroup per rank): unsharded it fails at start
 #                      naming the stage it needs; shard="parameters" trains within it and survives a kill -9
 #   loop-kill          kill -9 of a rank in forward, backward and the optimizer's step (2 DataLoader workers),
@@ -570,6 +571,16 @@ PY
     loop 4 180 --model tied --optimizer adamw --out "$d/t-p.pt" -- "${lcommon[@]}" --shard parameters \
       || fail "tied: exit $?"
     compare_loop "$d/t-whole.pt" "$d/t-p.pt" 0 || fail "tied: differs from the whole state"
+    # A forward that calls its units against their index order (a ModuleList run last to first): backward releases
+    # a unit when one that ran before it in the forward begins, so at most that unit and the one prefetched are
+    # whole at once (the index order's rule kept all 4 until backward ended); bit for bit the whole state.
+    loop 4 180 --model reversed --optimizer adamw --out "$d/v-whole.pt" -- "${lcommon[@]}" \
+      || fail "reversed whole: exit $?"
+    loop 4 180 --model reversed --optimizer adamw --out "$d/v-p.pt" -- "${lcommon[@]}" --shard parameters \
+      || fail "reversed: exit $?"
+    grep -q "units held whole at once in backward: at most 2 of 4$" "$d/out.txt" \
+      || fail "reversed: units kept in backward ($(grep -h 'held whole' "$d/out.txt"))"
+    compare_loop "$d/v-whole.pt" "$d/v-p.pt" 0 || fail "reversed: differs from the whole state"
     # kill -9 of rank 2 in forward: the survivors' gather of the embedding's rows fails; recovered in place.
     rm -rf "$d/audit"
     loop 4 180 --model embed --optimizer adamw --workers 2 --out "$d/e-k.pt" -- "${lcommon[@]}" \
