@@ -318,7 +318,8 @@ def memory_per_param(stage, r, ranks, units):
 
 def shard_tables(sh):
     """sim.py shard: the step's time, bytes and memory, and the recovery from a killed rank, per stage and R."""
-    steps, rec = sh["steps"], sh["recoveries"]
+    rec = sh["recoveries"]
+    steps = [x for x in sh["steps"] if x.get("shard_prefetch", 1) == 1]  # (Sinew's default; 0: the table below)
     ranks = sorted({r["ranks"] for r in rec})
     step = {(x["params"] > 1e7, x["ranks"], *shard_key(x)): x for x in steps}
     units = sh.get("units", {"small": 3, "large": 16})
@@ -352,6 +353,18 @@ def shard_tables(sh):
         lines += ["", f"Bytes sent per rank and step (as Sinew's metrics count them), {name}; R = 2 against R = 1",
                   "", f"| ranks | {head} |", "|---:|" + "---:|" * len(cols)]
         rows(bytes_cell)
+        lines.append("")
+    unhidden = {x["ranks"]: x for x in sh["steps"] if x.get("shard_prefetch", 1) == 0}
+    if unhidden:
+        lines += ["ZeRO-3 R = 2, ResNet-50-sized: the step with the next unit's gather prefetched (Sinew's default, "
+                  "--shard-prefetch 1) and without (0); in brackets the waits for the units' gathers", "",
+                  "| ranks | prefetch 1 | prefetch 0 | prefetch 1 / 0 |", "|---:|---:|---:|---:|"]
+        for n in ranks:
+            one, none = step.get((True, n, "parameters", 2)), unhidden.get(n)
+            if one and none:
+                lines.append(f"| {n} | {fmt_ms(one['step_ms'])} ({fmt_ms(one['gather_ms'])}) | "
+                             f"{fmt_ms(none['step_ms'])} ({fmt_ms(none['gather_ms'])}) | "
+                             f"{one['step_ms'] / none['step_ms']:.2f} |")
         lines.append("")
     lines += ["Memory per rank, bytes per parameter (parameters, gradients, Adam's state; ZeRO-3: steady, and with "
               "one unit of the MLP / the ResNet-50-sized model whole)", "", f"| ranks | {head} |",
@@ -389,7 +402,7 @@ def shard_tables(sh):
 
 
 def plot_shard(sh, path):
-    steps, rec = sh["steps"], sh["recoveries"]
+    steps, rec = [x for x in sh["steps"] if x.get("shard_prefetch", 1) == 1], sh["recoveries"]
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.6))
     ranks = sorted({r["ranks"] for r in rec})
     for ax, large, title in [(axes[0], False, "step, MLP (0.67 M)"), (axes[1], True, "step, ResNet-50-sized (25.6 M)")]:

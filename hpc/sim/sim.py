@@ -508,6 +508,9 @@ def shard(a):
                         *overhead_args(ovh, "ring")]
                 runs += [[*step, *shard_args(n, r, stage, SHARD_UNITS["small"])],
                          [*step, *shard_args(n, r, stage, SHARD_UNITS["large"]), *LARGE]]
+                if stage == "parameters" and r == 2:  # the units' gathers without Sinew's prefetch (default 1)
+                    runs.append([*step, *shard_args(n, r, stage, SHARD_UNITS["large"]), *LARGE,
+                                 "--shard-prefetch", "0"])
                 if stage == "optimizer" or r == 2:
                     runs.append(["recover", "--platform", plat, "--ranks", str(n), "--mode", "in-place",
                                  *overhead_args(ovh, "ring"), *shard_args(n, r, stage, SHARD_UNITS["small"])])

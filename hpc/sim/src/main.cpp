@@ -75,7 +75,7 @@ int run(int argc, char** argv) {
   int ranks = 4, fit_ranks = 4;
   double params = 0, compute_ms = 0, bucket_mb = 0, overhead = 0, codec_gbs = 0, reshard_ns_per_byte = 0,
          plan_ms = 0;
-  int shard_replicas = 0, optimizer_buffers = 1, units = 8;
+  int shard_replicas = 0, optimizer_buffers = 1, units = 8, prefetch = 1;
   std::string shard_stage = "optimizer";
   Options o;
   po::options_description d("sinew-sim " + what);
@@ -103,6 +103,9 @@ int run(int argc, char** argv) {
       "what --shard-replicas > 0 shards: optimizer (ZeRO-1) | gradients (ZeRO-2) | parameters (ZeRO-3)")(
       "units", po::value(&units)->default_value(units),
       "--shard-stage parameters: the model's units (gathered one at a time), alike in size")(
+      "shard-prefetch", po::value(&prefetch)->default_value(prefetch),
+      "--shard-stage parameters: units whose gathers are handed over while a unit runs (Sinew's "
+      "--shard-prefetch, 0 to 8)")(
       "reshard-ns-per-byte", po::value(&reshard_ns_per_byte)->default_value(0),
       "sharded: a reshard's local work per byte of optimiser state (ZeRO-3: and parameters) a member holds "
       "afterwards (sim.py states it from hpc/bench/results/)")(
@@ -161,7 +164,9 @@ int run(int argc, char** argv) {
   if (w.shard_stage == ShardStage::kNone)
     throw std::invalid_argument("--shard-stage none: the unsharded job is --shard-replicas 0");
   if (units < 1) throw std::invalid_argument("--units must be >= 1");
+  if (prefetch < 0 || prefetch > 8) throw std::invalid_argument("--shard-prefetch must be in [0, 8]");
   w.units = units;
+  w.prefetch = prefetch;
   w.reshard_s_per_byte = reshard_ns_per_byte * 1e-9;
   w.plan_s = plan_ms / 1e3;
   if (w.params <= 0 || w.compute_s < 0) throw std::invalid_argument("--params > 0 and --compute-ms >= 0");
@@ -176,7 +181,10 @@ int run(int argc, char** argv) {
            {"optimizer_buffers", w.optimizer_buffers},
            {"shard_replicas", w.shard_replicas}};
   if (w.sharded()) out["shard_stage"] = sinew::name_of(sinew::train::kShardNames, w.shard_stage);
-  if (w.parameters_sharded()) out["units"] = w.units;
+  if (w.parameters_sharded()) {
+    out["units"] = w.units;
+    out["shard_prefetch"] = w.prefetch;
+  }
   if (what == "step") {
     const Algorithm a = algorithm_from_name(algorithm);
     if (w.sharded() && a != Algorithm::kRing && a != Algorithm::kTree && a != Algorithm::kByteGrad)

@@ -118,14 +118,17 @@ void gather_unit(const Cluster& c, Group& g, const Flat& f, std::size_t lo, std:
       c, g, [&f, lo, hi](int q) { return f.bytes_in(q, lo, hi); }, largest);
 }
 
-/// One rank's step with --shard parameters (ZeRO-3, python/sinew/units.py): forward gathers each unit
-/// before its forward (no prefetch: the gathers do not overlap computation); backward gathers each unit
-/// again when the gradient of its output arrives, as a task of the communication actor after the
-/// reduce-scatters of the buckets complete by then (Bucketer::run_in_order), and waits for it; the buckets
-/// are reduce-scattered as they complete (gradients become final from the end of the flat buffer on, at
-/// backward's pace); then the update of the R shards held. No gather after it. Returns the communication
-/// not hidden behind computation; `gather_s`: of it the waits for the units' gathers; `scatter_s`: the
-/// communication actor's time in the buckets' reduce-scatters (overlapped with backward or not).
+/// One rank's step with --shard parameters (ZeRO-3, python/sinew/units.py). Every gather is a task of the
+/// communication actor, which runs its tasks in the order they are handed over (Bucketer::post_in_order):
+/// forward waits for each unit's gather before its forward, and as a unit starts hands over the gathers of
+/// the next `w.prefetch` units (0: each gather is handed over when its unit is reached, nothing overlaps
+/// computation); backward, when the gradient of a unit's output arrives, waits for the unit's gather and
+/// hands over those of the `w.prefetch` units before it. The buckets are reduce-scattered as they complete
+/// (gradients become final from the end of the flat buffer on, at backward's pace), behind the gathers
+/// handed over before them; then the update of the R shards held. No gather after it. (A steady step: the
+/// forward's prediction is the last forward's, which in a loop of alike steps always holds.) Returns the
+/// communication not hidden behind computation; `gather_s`: of it the waits for the units' gathers;
+/// `scatter_s`: the communication actor's time in the buckets' reduce-scatters (overlapped or not).
 double zero3_step(const Cluster& c, Group& g, const Workload& w, double* gather_s, double* scatter_s) {
   const double fwd = w.compute_s * (1 - w.backward_frac - w.optimizer_frac);
   const double bwd = w.compute_s * w.backward_frac;
@@ -134,14 +137,6 @@ double zero3_step(const Cluster& c, Group& g, const Workload& w, double* gather_
   const Flat f(w, n);
   const std::size_t total = f.total;
   auto unit_lo = [&](int u) { return total * static_cast<std::size_t>(u) / static_cast<std::size_t>(units); };
-  double waited = 0;
-  for (int u = 0; u < units; ++u) {
-    const double t = sg4::Engine::get_clock();
-    gather_unit(c, g, f, unit_lo(u), unit_lo(u + 1));
-    waited += sg4::Engine::get_clock() - t;
-    compute(c, fwd / units);
-  }
-  // Backward: the communication actor runs the tasks in the order they are handed over.
   struct Queue {
     std::deque<std::function<void()>> tasks;
     sg4::SemaphorePtr ready = sg4::Semaphore::create(0);
@@ -160,22 +155,35 @@ double zero3_step(const Cluster& c, Group& g, const Workload& w, double* gather_
     q.tasks.push_back(std::move(task));
     q.ready->release();
   };
-  auto gather_now = [&](int u) {  // the unit's hook: its gather, handed over and waited for
-    const double t = sg4::Engine::get_clock();
+  std::map<int, sg4::SemaphorePtr> posted;  // unit -> its gather's completion, handed over, not waited for
+  auto post = [&](int u) {
+    if (u < 0 || u >= units || posted.count(u) != 0) return;
     auto done = sg4::Semaphore::create(0);
     hand_over([&c, &g, &f, done, lo = unit_lo(u), hi = unit_lo(u + 1)] {
       gather_unit(c, g, f, lo, hi);
       done->release();
     });
-    done->acquire();
-    waited += sg4::Engine::get_clock() - t;
+    posted[u] = done;
   };
+  double waited = 0;
+  auto gather = [&](int u, int ahead) {  // the unit's hook: its gather waited for, the next ones handed over
+    post(u);
+    const double t = sg4::Engine::get_clock();
+    posted[u]->acquire();
+    posted.erase(u);
+    waited += sg4::Engine::get_clock() - t;
+    for (int k = 1; k <= w.prefetch; ++k) post(u + k * ahead);
+  };
+  for (int u = 0; u < units; ++u) {
+    gather(u, +1);
+    compute(c, fwd / units);
+  }
+  // Backward: gradients done from the end of the buffer: bucket b is final once backward has produced
+  // (b+1)/buckets of them; unit u's backward starts at (units-1-u)/units. A bucket final at a unit's
+  // boundary is handed over before that unit's hook runs.
   const double grad_bytes = 4 * w.params;
   const int buckets = std::max(1, static_cast<int>(std::ceil(grad_bytes / w.bucket_bytes)));
-  // Gradients done from the end of the buffer: bucket b is final once backward has produced (b+1)/buckets
-  // of them; unit u's backward starts at (units-1-u)/units. A bucket final at a unit's boundary is handed
-  // over before that unit's gather.
-  gather_now(units - 1);
+  gather(units - 1, -1);
   double done_frac = 0;
   int b = 0, next_unit = units - 2;
   while (b < buckets || next_unit >= 0) {
@@ -195,7 +203,7 @@ double zero3_step(const Cluster& c, Group& g, const Workload& w, double* gather_
       });
       ++b;
     } else {
-      gather_now(next_unit--);
+      gather(next_unit--, -1);
     }
   }
   const double t = sg4::Engine::get_clock();

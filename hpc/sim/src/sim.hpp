@@ -74,6 +74,9 @@ struct Workload {
   /// --shard parameters: the model's units (a transformer's layers), gathered one at a time; taken as alike
   /// in size and holding every parameter (no root).
   int units = 8;
+  /// --shard parameters: units gathered ahead (--shard-prefetch, Sinew's default 1): handed to the
+  /// communication actor while a unit runs, waited for when they run.
+  int prefetch = 1;
   /// A reshard's local work per byte of optimiser state (ZeRO-3: and parameters) a member holds afterwards
   /// (fresh buffers, the copies of what it kept); stated by sim.py from hpc/bench/results/.
   double reshard_s_per_byte = 0;
