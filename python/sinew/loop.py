@@ -209,6 +209,11 @@ class Loop:
             if option in job._given:
                 raise UsageError(f"{option} is for Job.run/Job.state; in the script's own loop {why}")
         self.model = model = job._models[0]
+        if model.optimizer is not None:
+            # (Adopted at wrap for Sinew's own steps, its step() now refuses: say why, whatever the stage.)
+            raise UsageError("job.wrap(module, optimizer=...) is for Job.run/Job.state, where Sinew steps the "
+                             "optimizer; in the script's own loop make the optimizer after job.wrap(module), over "
+                             "model.parameters(), and step it yourself: drop optimizer= from job.wrap()")
         self.batch_size = self._find_batch_size()
         params = model._named_params
         self.optimizer = self._find_optimizer(params)

@@ -6,6 +6,7 @@ then every state tensor of a parameter's shape is moved into a flat tensor per k
 write Sinew's buffers, which replacements receive and checkpoints hold (optim/<key>).
 """
 import inspect
+import types
 
 import torch
 
@@ -132,28 +133,29 @@ def step_of(opt, own_loop, real_step):
 
 def _gate(opt, work, named_params, own_loop, step_gate, real_step):
     """The script's opt.step and opt.zero_grad: Sinew's step in its own loop; refused in a Job.run step."""
+    # Bound methods, as torch's own: an lr_scheduler made afterwards wraps opt.step through its __func__.
     if own_loop:
-        def gate(closure=None):
+        def gate(self, closure=None):
             if closure is not None:
                 raise UsageError("optimizer.step(closure): Sinew makes one reduction per step; an optimizer that "
                                  "evaluates the loss again (LBFGS) is not supported in the script's loop")
             return step_gate()
 
-        def zero_grad(set_to_none=True):
+        def zero_grad(self, set_to_none=True):
             del set_to_none  # .grad stays the view of the flat gradient buffer, zeroed in place
             zero_views(work, named_params)
 
         gate._wrapped_by_lr_sched = getattr(real_step, "_wrapped_by_lr_sched", None)  # its check at step 1
-        opt.step = gate
-        opt.zero_grad = zero_grad
+        opt.step = types.MethodType(gate, opt)
+        opt.zero_grad = types.MethodType(zero_grad, opt)
     else:
-        def sinew_steps_it(*args, **kwargs):
+        def sinew_steps_it(self, *args, **kwargs):
             raise UsageError("optimizer.step() in a Job.run/Job.state step function: Sinew steps this optimizer "
                              "itself after the step's reduction (a step here would use the local, unreduced "
                              "gradient); remove optimizer.step() and zero_grad(), or write the script's own loop "
                              "(docs/pytorch.md)")
-        opt.step = sinew_steps_it
-        opt.zero_grad = sinew_steps_it
+        opt.step = types.MethodType(sinew_steps_it, opt)
+        opt.zero_grad = types.MethodType(sinew_steps_it, opt)
 
 
 # The torch.optim optimizers whose update of an element depends on that element's parameter, gradient and

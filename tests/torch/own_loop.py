@@ -21,7 +21,7 @@ import sinew
 
 TRAPS = ("none", "no-backward", "grad-replaced", "step-twice", "late-optimizer", "bad-keyword", "batch-sampler",
          "frozen", "clip", "no-optimizer", "break", "plain", "own-order", "rng", "state-dict",
-                 "module-state-dict")
+                 "module-state-dict", "wrap-optimizer")
 
 
 class Tokens(nn.Module):
@@ -204,7 +204,10 @@ def main():
     if args.trap == "plain":  # one process: the same steps as plain PyTorch, bit for bit
         import copy
         plain = copy.deepcopy(net)
-    model = job.wrap(net)
+    if args.trap == "wrap-optimizer":  # Job.run's way of giving the optimizer, in the own loop: refused at start
+        model = job.wrap(net, optimizer=torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9))
+    else:
+        model = job.wrap(net)
     backward_gathers = set()
     if args.model == "embed" and getattr(model, "_units", None) is not None:
         units, gather = model._units, model._units._gather
@@ -216,7 +219,10 @@ def main():
 
         units._gather = counting_gather
     opt = None
-    if args.trap != "no-optimizer":
+    if args.trap == "wrap-optimizer":
+        opt = model.optimizer
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    elif args.trap != "no-optimizer":
         if args.optimizer == "adamw":
             matrices = [q for q in model.parameters() if q.ndim > 1]
             others = [q for q in model.parameters() if q.ndim <= 1]

@@ -701,6 +701,12 @@ PY
     expect_error 2 "optimizer.step() twice" "optimizer.step() twice in a step"
     loop 2 120 --trap late-optimizer --epochs 1 -- "${lcommon[@]}"
     expect_error 2 "that Sinew does not know steps the model's parameters" "an optimizer made in the loop"
+    # job.wrap(net, optimizer=opt) is Job.run's: in the own loop it is refused at start, unsharded and sharded alike
+    # (sharded it trained, unsharded its step() said it was inside a Job.run step).
+    for stage in none optimizer; do
+      loop 2 120 --trap wrap-optimizer --epochs 1 -- "${lcommon[@]}" --shard $stage
+      expect_error 2 "drop optimizer= from job.wrap()" "job.wrap(optimizer=) in the own loop, --shard $stage"
+    done
     loop 2 120 --trap batch-sampler --epochs 1 -- "${lcommon[@]}"
     expect_error 2 "give it to the DataLoader as sampler=" "job.sampler() as batch_sampler="
     loop 2 120 --trap break -- "${lcommon[@]}"
