@@ -210,24 +210,20 @@ void TorchWorkload::init(const optim::OptimizerOptions& optimizer, bool sharded)
     // The layout's size for the runtime; the sharded update's held ranges (step_shards: grads_to_host).
     host_grads_ = at::zeros_like(host_params_);
     host_buffers_ = host_copy(flat_buffers_);
-    if (sharded) {  // the state's shards and their update on the host (session.cpp's step_shards)
-      sharded_ = true;
-      sharded_name_ = optim::make_optimizer(optimizer, 0)->name();
-    } else {
+    if (!sharded) {
       device_optimizer_ = std::make_unique<TensorOptimizer>(optimizer, flat_params_);
       for (const at::Tensor& t : state_tensors()) host_state_.push_back(host_copy(t));
     }
-  } else if (sharded) {
+  } else {
+    host_params_ = flat_params_;
+    host_grads_ = flat_grads_;
+    host_buffers_ = flat_buffers_;
+    if (!sharded)
+      optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
+  }
+  if (sharded) {  // the runtime holds the state, by shards (on a device: their update on the host)
     sharded_ = true;
     sharded_name_ = optim::make_optimizer(optimizer, 0)->name();
-    host_params_ = flat_params_;
-    host_grads_ = flat_grads_;
-    host_buffers_ = flat_buffers_;
-  } else {
-    optimizer_ = optim::make_optimizer(optimizer, static_cast<std::size_t>(flat_params_.numel()));
-    host_params_ = flat_params_;
-    host_grads_ = flat_grads_;
-    host_buffers_ = flat_buffers_;
   }
   fresh_grads_ = d.is_cpu();      // mapped zeros: no page of them is taken before backward writes it
   begin_micro_batch(0, 1, 0, 1);  // .grad of every parameter: its view, zero
