@@ -19,8 +19,9 @@ synthetic token batches, one torch thread per rank) as the script's own loop, ea
   sinew-p1-pf0, sinew-p2-pf0   the same without the prefetch (shard_prefetch=0).
 Reports the peak resident memory per rank (the largest over the ranks), over the whole run and until the last
 step (Sinew's sharded parameters are gathered whole when job.epochs() ends, for the script's use after training),
-as a ratio of DDP's, and the median step time (after --warmup steps), as a ratio of DDP's. A way that cannot run here is reported with its error, not
-left out. Writes shard_torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
+as a ratio of DDP's, and the median step time (after --warmup steps), as a ratio of DDP's; and per step the page
+faults and the CPU time the kernel spent for the rank (getrusage: a released range written again is a fault per
+page). A way that cannot run here is reported with its error, not left out. Writes shard_torch_bench.json to --out. Run with the venv's python (mpi_scripts/setup.sh installs it).
 """
 import argparse
 import glob
@@ -91,15 +92,19 @@ def worker(a):
     x = torch.randint(0, a.vocab, (total * a.batch * size, SEQ), generator=g)
     y = torch.randint(0, 10, (len(x),), generator=g)
     times = []
+    kernel = []  # per step: (page faults, ms of CPU time in the kernel) of this rank
     in_training = []
 
     def timed_loop(model, opt, batches):
         for xb, yb in batches:
             t = time.perf_counter()
+            u = resource.getrusage(resource.RUSAGE_SELF)
             opt.zero_grad()
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
             times.append((time.perf_counter() - t) * 1e3)
+            v = resource.getrusage(resource.RUSAGE_SELF)
+            kernel.append((v.ru_minflt + v.ru_majflt - u.ru_minflt - u.ru_majflt, (v.ru_stime - u.ru_stime) * 1e3))
         # The peak so far: training's, before what ends it (Sinew's end of job.epochs() gathers a model with
         # sharded parameters whole, for what the script does after training; DDP's is whole all along).
         in_training.append(rss_mb())
@@ -132,7 +137,7 @@ def worker(a):
         dist.barrier()
         dist.destroy_process_group()
         out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "train_rss_mb": in_training[-1],
-               "base_mb": base}
+               "base_mb": base, "kernel": kernel[a.warmup:]}
     else:
         import sinew
         from torch.utils.data import DataLoader, TensorDataset
@@ -157,7 +162,7 @@ def worker(a):
             timed_loop(model, opt, loader)
         rank = job.rank
         out = {"rank": rank, "step_ms": times[a.warmup:], "rss_mb": rss_mb(), "train_rss_mb": in_training[-1],
-               "base_mb": base}
+               "base_mb": base, "kernel": kernel[a.warmup:]}
     with open(os.path.join(a.dir, f"result-{a.worker}-{rank}.json"), "w") as f:
         json.dump(out, f)
     return 0
@@ -186,7 +191,10 @@ def launch(a, way, d):
     return {"step_ms": statistics.median(t for r in res for t in r["step_ms"]),
             "rss_mb": max(r["rss_mb"] for r in res),
             "train_rss_mb": max(r["train_rss_mb"] for r in res),
-            "state_mb": max(r["rss_mb"] - r["base_mb"] for r in res)}
+            "state_mb": max(r["rss_mb"] - r["base_mb"] for r in res),
+            # the page faults and the kernel's CPU time of a step, the median over the ranks' steps
+            "faults": statistics.median(k[0] for r in res for k in r["kernel"]),
+            "kernel_ms": statistics.median(k[1] for r in res for k in r["kernel"])}
 
 
 def main():
@@ -222,7 +230,7 @@ def main():
           "its peak RSS less its RSS before the model was built (torch, the process group: the same libraries "
           "whatever the way)")
     print(f"{'':13}{'peak RSS MB':>12}{'x DDP':>7}{'in training':>12}{'x DDP':>7}{'training MB':>12}{'x DDP':>7}"
-          f"{'step ms':>9}{'x DDP':>7}{'x FSDP2':>8}")
+          f"{'step ms':>9}{'x DDP':>7}{'x FSDP2':>8}{'faults':>9}{'kernel ms':>10}")
     nan = float("nan")
     for way, r in rows.items():
         if "error" in r:
@@ -234,7 +242,7 @@ def main():
         sx = r["step_ms"] / base["step_ms"] if "step_ms" in base else nan
         fx = r["step_ms"] / fsdp["step_ms"] if "step_ms" in fsdp else nan
         print(f"{way:13}{r['rss_mb']:12.0f}{rx:7.2f}{r['train_rss_mb']:12.0f}{ix:7.2f}{r['state_mb']:12.0f}{tx:7.2f}"
-              f"{r['step_ms']:9.0f}{sx:7.2f}{fx:8.2f}")
+              f"{r['step_ms']:9.0f}{sx:7.2f}{fx:8.2f}{r['faults']:9.0f}{r['kernel_ms']:10.0f}")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "shard_torch_bench.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "params": params, "ranks": a.ranks,
