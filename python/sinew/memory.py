@@ -20,6 +20,15 @@ What a stage needs per rank, for P parameters of 4 bytes and an optimizer with k
 and with bytegrad's error feedback 4P more at every stage (its residual is a float per parameter).
 Activations come on top of all of them: the check refuses only what cannot fit.
 
+When training ends, a job at `parameters` gathers the model whole on every rank for what the script does with it
+afterwards (its gradients given back first): 4P + 4kP s (+ the residual). With R = 1, or more than 4 ranks, that
+is more than training needs. Where the limit leaves room for training but not for that, the model stays sharded
+at the end instead (every rank agrees on it), its parameters in the end checkpoint, so the job needs a
+checkpoint directory; rank 0 says so at start. The model's state_dict() and forward are refused after training
+then. These figures are a lower bound (the libraries' own buffers, autograd's, a checkpoint's are not in them):
+the runtime checks again when training ends, against what the rank uses then (train/session.cpp,
+core/memory_limit.hpp), and keeps the model sharded where it lacks the room.
+
 A recovery in place (R >= 2) makes the new layout's shards of the optimizer's state beside the old ones before
 it lets the old go (a failure during the reshard then leaves the old intact): 4kP R'/W' more for a moment, at
 W' = W - 1 ranks and R' = min(R, W'). Where the limit leaves room for the stage but not for that, the job trains,
@@ -98,6 +107,12 @@ def recovery_extra(stage, params, k, world, replicas):
     return 4 * params * k * min(replicas, w) / w
 
 
+def end_need(params, k, world, replicas, residual=0):
+    """Bytes per rank when training ends at `parameters`: the model gathered whole beside the optimizer's shards
+    (the gradients given back first)."""
+    return 4 * params * (1 + residual) + 4 * params * k * min(replicas, world) / world
+
+
 def check(job, model, opt):
     """Raises UsageError where this rank's stage cannot fit its cgroup's limit; names the stage that would."""
     cg = memory_cgroup()
@@ -121,6 +136,8 @@ def check(job, model, opt):
     needs = {s: need(s, params, k, world, replicas, unit, root, residual, ahead) for s in STAGES}
     gib = 2 ** 30
     if needs[stage] <= left:
+        if stage == "parameters":
+            keep_sharded_at_end(job, end_need(params, k, world, replicas, residual), left, where)
         extra = recovery_extra(stage, params, k, world, replicas)
         if needs[stage] + extra > left and job.rank == 0:  # (one line per job: a scheduler gives ranks alike limits)
             print(f"[sinew] rank {job.rank}: warning: a recovery in place needs about {extra / gib:.2f} GiB more per "
@@ -142,3 +159,24 @@ def check(job, model, opt):
         f"the training state of this model ({params / 1e6:.1f} M parameters, {name}) needs "
         f"{needs[stage] / gib:.2f} GiB per rank with shard='{stage}', more than this rank may use: its memory "
         f"cgroup ({where}) allows {limit / gib:.2f} GiB and uses {usage / gib:.2f} GiB now; {hint}")
+
+
+def keep_sharded_at_end(job, end, left, where):
+    """At `parameters`: where the model gathered whole when training ends (`end` bytes) would not fit the `left`
+    this rank may use, it stays sharded then (core.keep_sharded_at_end()); that needs a checkpoint directory."""
+    if end <= left:
+        return
+    core = job._job
+    gib = 2 ** 30
+    why = (f"the trained model gathered whole beside the optimizer's shards needs about {end / gib:.2f} GiB per rank "
+           f"when training ends, more than the {left / gib:.2f} GiB this rank's memory cgroup ({where}) leaves")
+    if not core.checkpoint_dir:
+        raise UsageError(f"{why}: Sinew then leaves it sharded after training, and the end checkpoint is where the "
+                         "whole model is: give a checkpoint directory (sinew.init(checkpoint_dir=...), sinew-run "
+                         "--checkpoint-dir), or ask for more memory per rank")
+    core.keep_sharded_at_end()
+    if job.rank == 0:
+        print(f"[sinew] rank 0: {why}: it stays sharded after job.epochs() (its state_dict() and forward are refused "
+              f"then, and its parameters read as each rank's shards and zeros); the trained model is the end "
+              f"checkpoint in {core.checkpoint_dir}: sinew.checkpoint.state_dict(dir), or python3 -m sinew.checkpoint "
+              "export dir model.pt", file=sys.stderr, flush=True)

@@ -22,7 +22,9 @@ thread and waits for it when the unit runs); the release gives the memory of wha
 rank does not hold back to the system. Every rank must therefore run the model's forward as often as the others:
 in training the loop sees to it; an evaluation must run on every rank, on as many batches (not on rank 0 alone).
 
-Before training starts and after it ended (the model is whole again then) nothing is gathered or released. An
+Before training starts and after it ended (the model is whole again then) nothing is gathered or released. A model
+that does not fit a rank whole stays sharded when training ends (memory.py decides at start, and says so): its
+state_dict() and forward are refused then, and the end checkpoint holds it. An
 iteration that a recovery voided gathers nothing: its results are dropped.
 """
 import torch
@@ -166,6 +168,22 @@ class Units:
             return False
         return self.job._job.sharded_parameters
 
+    def kept_sharded(self):
+        """Whether training ended with the model left sharded (it did not fit a rank whole: memory.py)."""
+        return self.job.summary is not None and self.job._job.kept_sharded
+
+    def _refuse_after_end(self, what):
+        if not self.kept_sharded():
+            return
+        where = self.job._job.checkpoint_dir
+        kept = (f"the trained model is the end checkpoint in {where}: sinew.checkpoint.state_dict(dir) in a process "
+                "with the memory for it, or python3 -m sinew.checkpoint export dir model.pt" if where else
+                "with no checkpoint directory the trained model was kept nowhere else: give one "
+                "(sinew.init(checkpoint_dir=...)) to keep it")
+        raise UsageError(f"{what} after training: the model stayed sharded when job.epochs() ended (it does not fit "
+                         "a rank whole beside what the rank holds: the log says how much), so each rank holds only "
+                         f"its shards of the parameters and the rest reads as zeros; {kept}")
+
     def reset(self):
         """After a recovery: the reshard left this rank its new shards only."""
         self.resident.clear()
@@ -174,6 +192,7 @@ class Units:
         self.failed = None
 
     def _refuse_state_dict(self, module, prefix, keep_vars):
+        self._refuse_after_end("state_dict()")
         if self.active():
             raise UsageError("state_dict() during training with shard='parameters' (model.state_dict(), "
                              "model.module.state_dict(), a submodule's): each rank holds only its shards of the "
@@ -282,6 +301,7 @@ class Units:
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     def begin_forward(self):
+        self._refuse_after_end("the model's forward")
         self.order = []
         self._gather(-1)
 
@@ -293,6 +313,7 @@ class Units:
 
     def _pre_forward(self, i):
         def hook(module, args):
+            self._refuse_after_end("a unit's forward")
             if self.root and -1 not in self.resident and self.active() and not self.job._loop.void:
                 # The root is gathered by the wrapper's forward: this unit runs without it (zeros, not the model).
                 raise UsageError("a unit of a model with sharded parameters ran outside the wrapper's forward: "

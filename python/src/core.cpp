@@ -267,6 +267,11 @@ PYBIND11_MODULE(_core, m) {
           [](const pytorch::Job& j) { return std::string(name_of(train::kShardNames, j.config().shard)); })
       .def_property_readonly("shard_replicas",
                              [](const pytorch::Job& j) { return j.config().shard_replicas; })
+      .def("keep_sharded_at_end", &pytorch::Job::keep_sharded_at_end)
+      .def_property_readonly("whole_at_end", [](const pytorch::Job& j) { return j.config().whole_at_end; })
+      .def_property_readonly("kept_sharded", &pytorch::Job::kept_sharded)
+      .def_property_readonly("checkpoint_dir",
+                             [](const pytorch::Job& j) { return j.config().checkpoint_dir; })
       .def_property_readonly("residual_per_parameter",
                              [](const pytorch::Job& j) {
                                // bytegrad's error feedback: a float per parameter, whatever the stage

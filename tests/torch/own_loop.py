@@ -84,6 +84,11 @@ def build(name, channels, height, width, classes):
     if name == "big":  # 25.3 M parameters: 101 MB, AdamW's whole training state 405 MB
         return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 2048), nn.ReLU(),
                              *[m for _ in range(6) for m in (nn.Linear(2048, 2048), nn.ReLU())], nn.Linear(2048, classes))
+    if name == "long":  # 17.6 M parameters in 18 small units: at shard="parameters" and R = 1, the model gathered
+        # whole when training ends (4 + 2 bytes a parameter with AdamW) takes more than training (about 4.7)
+        return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 1024), nn.ReLU(),
+                             *[m for _ in range(16) for m in (nn.Linear(1024, 1024), nn.ReLU())],
+                             nn.Linear(1024, classes))
     if name == "deep":  # 0.56 M parameters: shards of many pages each (shard="parameters" gives pages back)
         return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, 512), nn.ReLU(), nn.Linear(512, 512),
                              nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, classes))
@@ -335,6 +340,16 @@ def main():
             print(f"[own_loop] embedding forwards that gathered only their rows: {model._units.row_gathers}",
                   flush=True)
     units = getattr(model, "_units", None)
+    if units is not None and units.kept_sharded():
+        # The model did not fit a rank whole at the end (sinew/memory.py): left sharded, its state_dict refused.
+        try:
+            model.state_dict()
+            print("[own_loop] the model stayed sharded after training, and its state_dict() was not refused",
+                  flush=True)
+            return 1
+        except sinew.UsageError as e:
+            if job.rank == 0:
+                print(f"[own_loop] the model stayed sharded after training; state_dict() refused: {e}", flush=True)
     if units is not None and job.rank == 0:
         print(f"[own_loop] prefetched gathers: {units.prefetched}, {units.prefetch_hits} waited for by their unit",
               flush=True)

@@ -33,7 +33,9 @@
 #                      called against their index order, released in backward by the forward's order; with
 #                      bytegrad bit for bit --shard gradients with bytegrad, also after a kill -9
 #   loop-memlimit      a model over the per-rank memory limit (a cgroup per rank): unsharded it fails at start
-#                      naming the stage it needs; shard="parameters" trains within it and survives a kill -9
+#                      naming the stage it needs; shard="parameters" trains within it and survives a kill -9; a
+#                      model that trains at R = 1 but does not fit whole at the end stays sharded, its end
+#                      checkpoint bit for bit the unlimited run's model
 #   loop-kill          kill -9 of a rank in forward, backward and the optimizer's step (2 DataLoader workers),
 #                      and of rank 0: in place, audit exact, parameters, BatchNorm's statistics, the scheduler
 #                      and the learning rate those of the failure-free run (num_batches_tracked exactly)
@@ -640,6 +642,29 @@ PY
     [ "$(grep -c "warning: a recovery in place needs about .* a failure could end in a relaunch" "$d/out.txt")" -eq 1 ] \
       || fail "sharded, no room to recover: not said once"
     echo "a limit without room for a recovery in place: trains, and says so once"
+    # A model that fits a rank in training but not whole at the end, beside what the rank holds (R = 1, 18 small
+    # units, 10 bytes per parameter: about 4.7 in training, 6 and more for the model gathered whole): it stays
+    # sharded after training instead of being killed there, its state_dict() is refused, and the end checkpoint
+    # holds the trained model: bit for bit the parameters of the same run without a limit, gathered whole.
+    loop 4 240 --model long --optimizer adamw --out "$d/whole.pt" -- "${lcommon[@]}" --shard parameters \
+      --shard-replicas 1 || fail "R = 1 without a limit: exit $?"
+    grep -q "stays sharded" "$d/out.txt" && fail "R = 1 without a limit: kept sharded"
+    loop 4 240 --model long --optimizer adamw --mem-limit 10 -- "${lcommon[@]}" --shard parameters \
+      --shard-replicas 1 --checkpoint-dir "$d/ckpt-long" || fail "the model whole over the limit at the end: exit $?"
+    grep -q "the trained model stays sharded over the ranks (it does not fit a rank whole); it is the end checkpoint" \
+      "$d/out.txt" || fail "the model whole over the limit at the end: not kept sharded"
+    grep -q "state_dict() refused: state_dict() after training: the model stayed sharded" "$d/out.txt" \
+      || fail "the model whole over the limit at the end: state_dict() not refused"
+    grep -q "\[own_loop\] done: 32 steps" "$d/out.txt" || fail "the model whole over the limit at the end: not done"
+    "$python" - "$d/ckpt-long" "$d/whole.pt" <<'PY' || fail "the end checkpoint is not the trained model"
+import sys, torch
+import sinew.checkpoint
+got, ref = sinew.checkpoint.state_dict(sys.argv[1]), torch.load(sys.argv[2])["params"]
+worst = max((torch.as_tensor(got[k]) - v).abs().max().item() for k, v in ref.items())
+print(f"the end checkpoint against the run without a limit: {len(ref)} tensors, largest difference {worst:.1e}")
+sys.exit(0 if worst == 0 else 1)
+PY
+    grep -h "the model whole needs" "$d/out.txt" | head -1
     ;;
   loop-kill)
     for f in 1:forward:9 2:backward:20 3:optimizer:13 0:backward:17; do

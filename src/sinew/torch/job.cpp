@@ -69,6 +69,11 @@ Job::~Job() = default;
 
 const std::string& Job::help() const noexcept { return impl_->help; }
 const train::Config& Job::config() const noexcept { return impl_->cfg; }
+bool Job::kept_sharded() const { return impl_->session && impl_->session->kept_sharded(); }
+void Job::keep_sharded_at_end() {
+  SINEW_ENFORCE(!impl_->session, "the end's gather chosen after training started");
+  impl_->cfg.whole_at_end = false;
+}
 optim::OptimizerOptions Job::optimizer() const { return train::optimizer_options(impl_->cfg); }
 data::DataSplit Job::dataset() const { return data::load_dataset(train::dataset_options(impl_->cfg)); }
 int Job::rank() const {

@@ -76,6 +76,11 @@ class Job {
   /// --help: the option text (the job then has no group; run() must not be called).
   [[nodiscard]] const std::string& help() const noexcept;
   [[nodiscard]] const train::Config& config() const noexcept;
+  /// --shard parameters: the model stays sharded when training ends (train::Config::whole_at_end), for a
+  /// model that does not fit a rank whole beside the optimiser's shards. Before start_loop().
+  void keep_sharded_at_end();
+  /// Training ended with the model left sharded (train::Session::kept_sharded).
+  [[nodiscard]] bool kept_sharded() const;
   /// The fused optimiser of --optimizer (sgd | adam) and its settings.
   [[nodiscard]] optim::OptimizerOptions optimizer() const;
   /// The data set of --dataset, --data-dir, --limit-train and --limit-test (Sinew's loaders: Fashion-MNIST

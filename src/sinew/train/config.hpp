@@ -61,6 +61,11 @@ struct Config {
   ShardStage shard = ShardStage::kNone;  ///< --shard: none | optimizer (ZeRO-1) | gradients (ZeRO-2)
   int shard_replicas = 2;                ///< --shard-replicas: holders of each shard's state
   int shard_prefetch = 1;                ///< --shard-prefetch: units gathered ahead (--shard parameters)
+  /// --shard parameters: the model gathered whole on every member when training ends (for what the script
+  /// does with it afterwards). False where it does not fit a rank whole beside the optimiser's shards (a
+  /// Python script's memory check sets it, python/sinew/memory.py): it stays sharded, its parameters in the
+  /// end checkpoint. Not a command-line option.
+  bool whole_at_end = true;
   std::int64_t warmup_steps = 50;
   std::int64_t lr_step_size = 1000;
   float lr_gamma = 0.1f;

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "sinew/checkpoint/writer.hpp"
 #include "sinew/core/launch.hpp"
+#include "sinew/core/memory_limit.hpp"
 #include "sinew/core/pages.hpp"
 #include "sinew/core/status.hpp"
 #include "sinew/core/timer.hpp"
@@ -71,6 +73,7 @@ struct Session::Impl {
   RunMetrics metrics;
   Summary& sum;                  // metrics.summary()
   bool ended = false;            // next() says kDone from now on
+  bool kept_sharded = false;     // --shard parameters: training ended without the model gathered whole
   After end = After::kContinue;  // how the run ended
   bool final_evaluated = false;  // --max-steps inside an epoch: the last step was evaluated
 
@@ -262,16 +265,65 @@ struct Session::Impl {
     }
   }
 
+  /// --shard parameters, at the end: whether this member can hold the model whole beside what it uses now,
+  /// under its memory cgroup's limit (none: yes, as without sharding), and Config::whole_at_end (the script's
+  /// check at start).
+  bool room_for_whole_model() const {
+    if (!cfg.whole_at_end) return false;
+    const auto m = memory_limit();
+    if (!m) return true;
+    std::size_t held = 0;
+    for (const Slice r : shards->held_ranges()) held += r.count;
+    const std::uint64_t more = sizeof(float) * (work.params().size() - held);
+    const std::uint64_t margin = std::max<std::uint64_t>(std::uint64_t{32} << 20, m->limit / 32);
+    if (m->used + more + margin <= m->limit) return true;
+    spdlog::warn(
+        "the model whole needs {:.0f} MiB more on this rank than its {:.0f} MiB: its memory cgroup ({}) "
+        "allows {:.0f} MiB (less a margin of {:.0f})",
+        static_cast<double>(more) / (1 << 20), static_cast<double>(m->used) / (1 << 20), m->where,
+        static_cast<double>(m->limit) / (1 << 20), static_cast<double>(margin) / (1 << 20));
+    return false;
+  }
+
   void finish_training() {
     gather_shards();  // the model the run ends with, whole on every member
-    if (shards && shards->parameters_sharded()) {
-      // Sharded parameters too: the gradients are done with, and the script gets its model whole.
-      release_pages(work.grads());  // (the edges keep a page each: no matter, nothing reads them)
+    if (!shards || !shards->parameters_sharded()) {
+      checkpoints.save(fabric(), "end");
+      ended = true;
+      return;
+    }
+    // Sharded parameters too: the gradients are done with. The end checkpoint comes first, from the shards:
+    // it holds the trained model whatever follows, and its buffers are gone before the model is made whole.
+    release_pages(work.grads());  // (the edges keep a page each: no matter, nothing reads them)
+    checkpoints.save(fabric(), "end");
+    // The script gets its model whole where every member has the room (each by its own memory limit, as it
+    // stands now); else it stays sharded, and the end checkpoint is the model.
+    std::array<double, 1> apart{room_for_whole_model() ? 0.0 : 1.0};
+    fabric().backend().allreduce_sync(comm::Buffer::of(std::span<double>(apart)), comm::ReduceOp::kMax,
+                                      setup.op);
+    kept_sharded = apart[0] > 0;
+    if (kept_sharded && fabric().rank() == 0) {
+      if (cfg.checkpoint_dir.empty())
+        spdlog::error(
+            "the trained model stays sharded over the ranks: it does not fit a rank whole, and with no "
+            "--checkpoint-dir it is kept nowhere else; give one to keep it");
+      else
+        spdlog::warn(
+            "the trained model stays sharded over the ranks (it does not fit a rank whole); it is the "
+            "end checkpoint in {}",
+            cfg.checkpoint_dir);
+    }
+    if (!kept_sharded) {
+      // In pieces of 4 MiB: an all-gather of the whole buffer at once would take a temporary of its size in
+      // the MPI library beside the model that is being made whole.
+      constexpr std::size_t kPiece = std::size_t{1} << 20;
+      const std::size_t n = work.params().size();
+      std::vector<Slice> pieces;
+      for (std::size_t o = 0; o < n; o += kPiece) pieces.push_back({o, std::min(kPiece, n - o)});
       const auto t = Clock::now();
-      shards->gather(fabric().backend(), work.params(), setup.op);
+      shards->gather_ranges(fabric().backend(), work.params(), pieces, setup.op);
       gather_ms += ms_since(t);
     }
-    checkpoints.save(fabric(), "end");
     ended = true;
   }
 
@@ -683,6 +735,7 @@ void Session::release_params(std::span<const Slice> ranges) {
   i.shards->release(i.work.params(), ranges);
 }
 bool Session::sharded_parameters() const { return impl_->shards && impl_->shards->parameters_sharded(); }
+bool Session::kept_sharded() const noexcept { return impl_->kept_sharded; }
 std::optional<std::vector<std::size_t>> Session::peek(std::size_t ahead) { return impl_->peek(ahead); }
 std::string Session::share(const std::string& bytes, bool have) {
   return impl_->fabric().backend().share_sync(bytes, have, impl_->setup.op);

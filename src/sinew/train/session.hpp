@@ -163,6 +163,9 @@ class Session {
   /// need gather_params() of its ranges first (collective, in the same order on every rank, between the
   /// gradient buckets' reductions where backward calls it) and release_params() after (local).
   [[nodiscard]] bool sharded_parameters() const;
+  /// --shard parameters: training ended and the model was not gathered whole (Config::whole_at_end false on
+  /// a member): each member holds its shards only, the end checkpoint the whole model.
+  [[nodiscard]] bool kept_sharded() const noexcept;
   /// With `ticket` from prefetch_params() of the same ranges, waits for that gather instead (rethrowing its
   /// failure).
   void gather_params(std::span<const Slice> ranges, std::uint64_t ticket = 0);
