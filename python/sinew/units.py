@@ -23,8 +23,9 @@ rank does not hold back to the system. Every rank must therefore run the model's
 in training the loop sees to it; an evaluation must run on every rank, on as many batches (not on rank 0 alone).
 
 Before training starts and after it ended (the model is whole again then) nothing is gathered or released. A model
-that does not fit a rank whole stays sharded when training ends (memory.py decides at start, and says so): its
-state_dict() and forward are refused then, and the end checkpoint holds it. An
+that does not fit a rank whole stays sharded when training ends (the runtime checks each rank's memory limit then;
+memory.py already at start where its figures show it): its state_dict() and forward are refused then, and the
+end checkpoint holds it. An
 iteration that a recovery voided gathers nothing: its results are dropped.
 """
 import torch
@@ -169,7 +170,7 @@ class Units:
         return self.job._job.sharded_parameters
 
     def kept_sharded(self):
-        """Whether training ended with the model left sharded (it did not fit a rank whole: memory.py)."""
+        """Whether training ended with the model left sharded (it did not fit a rank whole)."""
         return self.job.summary is not None and self.job._job.kept_sharded
 
     def _refuse_after_end(self, what):

@@ -268,7 +268,6 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("shard_replicas",
                              [](const pytorch::Job& j) { return j.config().shard_replicas; })
       .def("keep_sharded_at_end", &pytorch::Job::keep_sharded_at_end)
-      .def_property_readonly("whole_at_end", [](const pytorch::Job& j) { return j.config().whole_at_end; })
       .def_property_readonly("kept_sharded", &pytorch::Job::kept_sharded)
       .def_property_readonly("checkpoint_dir",
                              [](const pytorch::Job& j) { return j.config().checkpoint_dir; })

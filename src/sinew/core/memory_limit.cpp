@@ -1,5 +1,7 @@
 #include "sinew/core/memory_limit.hpp"
 
+#include <algorithm>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string_view>
