@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "sinew/core/error.hpp"
+#include "sinew/core/pages.hpp"
 
 namespace sinew::checkpoint::h5 {
 
@@ -156,6 +157,9 @@ MemoryFile::MemoryFile(const std::string& path, std::size_t size_hint, Image rec
   sink_->reserve = size_hint + (64u << 10);
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fapl_core(fapl.get(), 1u << 20, /*backing_store=*/0);
+  // No sieve buffer: every write of data reaches the image at once (pass_floats() gives its pages back right
+  // after; in memory a second buffer saves nothing).
+  H5Pset_sieve_buf_size(fapl.get(), 0);
   H5FD_file_image_callbacks_t cb{sink_malloc, sink_memcpy, sink_realloc, sink_free,
                                  same_udata,  keep_udata,  sink_.get()};
   if (H5Pset_file_image_callbacks(fapl.get(), &cb) < 0) fail(path, "cannot set up the in-memory HDF5 file");
@@ -169,6 +173,40 @@ MemoryFile::MemoryFile(const std::string& path, std::size_t size_hint, Image rec
 MemoryFile::~MemoryFile() {
   file_.reset();
   std::free(sink_->kept);
+}
+
+std::uint64_t MemoryFile::pass_floats(const std::string& name, const float* data, std::size_t n) {
+  const hsize_t dims = n;
+  Handle space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every element is written right away
+  Handle ds(H5Dcreate2(file_.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), intermediate_groups().get(),
+                       dcpl.get(), H5P_DEFAULT),
+            H5Dclose);
+  if (ds.get() < 0) fail(path_, "cannot create dataset " + name);
+  // In order, so that each piece lies at the end of the file: HDF5's in-memory driver zeroes the stretch
+  // between the file's end and a write beyond it first, which would take a whole dataset's memory at once.
+  constexpr hsize_t kPiece = hsize_t{1} << 20;  // elements (4 MiB)
+  haddr_t offset = HADDR_UNDEF;
+  for (hsize_t at = 0; at < n; at += kPiece) {
+    const hsize_t count = std::min<hsize_t>(kPiece, n - at);
+    Handle mem(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    Handle sel(H5Scopy(space.get()), H5Sclose);
+    H5Sselect_hyperslab(sel.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr);
+    if (H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, mem.get(), sel.get(), H5P_DEFAULT, data + at) < 0)
+      fail(path_, "cannot write dataset " + name);
+    offset = H5Dget_offset(ds.get());
+    if (offset == HADDR_UNDEF) fail(path_, "dataset " + name + " has no contiguous storage");
+    // The driver's block of the file (its handle is the address of the block's pointer).
+    void* handle = nullptr;
+    std::byte* block = nullptr;
+    if (H5Fget_vfd_handle(file_.get(), H5P_DEFAULT, &handle) >= 0 && handle != nullptr)
+      block = *static_cast<std::byte**>(handle);
+    if (block == nullptr) fail(path_, "cannot reach the in-memory HDF5 file's bytes");
+    release_pages(std::span<std::byte>(block + offset + at * sizeof(float), count * sizeof(float)));
+  }
+  if (!ds.close()) fail(path_, "cannot close dataset " + name);
+  return n > 0 ? static_cast<std::uint64_t>(offset) : 0;
 }
 
 Image MemoryFile::take() {
@@ -269,20 +307,28 @@ OpenImage open_verified(const std::string& path, const Digest& expected) {
 }
 
 void write_file(const std::string& path, const void* data, std::size_t n, bool sync) {
+  const std::span<const std::byte> one(static_cast<const std::byte*>(data), n);
+  write_file(path, std::span<const std::span<const std::byte>>(&one, 1), sync);
+}
+
+void write_file(const std::string& path, std::span<const std::span<const std::byte>> pieces, bool sync) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(path, std::string("cannot create: ") + errno_text(errno));
-  const auto* bytes = static_cast<const char*>(data);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::write(fd, bytes + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = w < 0 ? errno : ENOSPC;
-      ::close(fd);
-      fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, n, errno_text(err),
-                             err == ENOSPC ? " (disk full)" : ""));
+  std::size_t n = 0, done = 0;
+  for (const auto& p : pieces) n += p.size();
+  for (const auto& p : pieces) {
+    for (std::size_t in = 0; in < p.size();) {
+      const ssize_t w = ::write(fd, p.data() + in, p.size() - in);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int err = w < 0 ? errno : ENOSPC;
+        ::close(fd);
+        fail(path, fmt::format("write failed after {} of {} bytes: {}{}", done, n, errno_text(err),
+                               err == ENOSPC ? " (disk full)" : ""));
+      }
+      in += static_cast<std::size_t>(w);
+      done += static_cast<std::size_t>(w);
     }
-    done += static_cast<std::size_t>(w);
   }
   if (sync && ::fsync(fd) != 0) {
     const int err = errno;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,6 +88,11 @@ class MemoryFile {
   [[nodiscard]] hid_t get() const noexcept { return file_.get(); }
   /// Flushes and closes the file; returns its bytes. Throws CheckpointError naming the file.
   Image take();
+  /// write_floats() into this file without keeping the copy: the data is written in pieces of 4 MiB, and
+  /// the image's whole pages of each piece are given back once written (they read as zero in take()'s
+  /// bytes). The caller writes the data's bytes at the returned offset itself, from `data` (the writer:
+  /// straight from the state), so the image holds little more than the file's metadata.
+  std::uint64_t pass_floats(const std::string& name, const float* data, std::size_t n);
 
   struct Sink;  ///< where HDF5's memory callbacks keep the file's block (hdf5.cpp)
 
@@ -99,6 +105,8 @@ class MemoryFile {
 /// Writes `n` bytes to `path` (created or truncated) and, with `sync`, fsyncs it. Throws CheckpointError
 /// naming `path` on any error (ENOSPC: "disk full").
 void write_file(const std::string& path, const void* data, std::size_t n, bool sync);
+/// The same with the file's bytes in pieces, written one after the other.
+void write_file(const std::string& path, std::span<const std::span<const std::byte>> pieces, bool sync);
 /// MemoryFile::take(), then write_file(); returns the digest of the bytes written.
 Digest write_image(MemoryFile& f, const std::string& path, bool sync);
 

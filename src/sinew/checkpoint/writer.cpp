@@ -79,6 +79,9 @@ struct Writer::Shard {
   h5::Image image;
   std::vector<std::uint64_t> offsets;  // per tensor: byte offset of this rank's slice in the file
   std::vector<std::uint64_t> bytes;    // per tensor: its length in bytes
+  /// Streamed (a save in the foreground): per tensor, the state's slice itself, which is written from there;
+  /// the image holds zeros in its place. Empty: the image holds the data (a background save's snapshot).
+  std::vector<const float*> from;
 };
 
 Writer::Async::Async() = default;
@@ -229,7 +232,7 @@ std::unique_ptr<Writer::Plan> Writer::prepare(const StateRef& state) {
   return plan;
 }
 
-std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& state) const {
+std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& state, bool streamed) const {
   const int rank = backend_.rank(), world = backend_.size();
   const std::string file = (fs::path(plan.path) / shard_name(rank, world)).string();
   auto shard = std::make_unique<Shard>();
@@ -250,7 +253,7 @@ std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& s
     bytes += count * sizeof(float);
   }
   h5::Image recycled;
-  {
+  if (!streamed) {
     const std::lock_guard lock(spare_mutex_);
     if (spare_) recycled = std::move(spare_->image);
   }
@@ -259,8 +262,11 @@ std::unique_ptr<Writer::Shard> Writer::build(const Plan& plan, const StateRef& s
   h5::write_attr(f.get(), "rank", static_cast<std::int64_t>(rank), file);
   for (std::size_t t = 0; t < plan.names.size(); ++t) {
     const auto [data, count] = slices[t];
-    shard->offsets.push_back(h5::write_floats(f.get(), "tensors/" + plan.names[t], data, count, file));
+    const std::string name = "tensors/" + plan.names[t];
+    shard->offsets.push_back(streamed ? f.pass_floats(name, data, count)
+                                      : h5::write_floats(f.get(), name, data, count, file));
     shard->bytes.push_back(count * sizeof(float));
+    if (streamed) shard->from.push_back(data);
   }
   shard->image = f.take();
   return shard;
@@ -271,26 +277,34 @@ Writer::Local Writer::write_local(const Plan& plan, Shard& shard) const {
   Local out;
   try {
     fault_point(opts_, fault::Point::kBeforeShardData, plan.meta.step);
-    // One pass of CRC32 over the image: the tensor slices' CRC32s are computed on their own and combined
-    // with the bytes between them into the whole file's.
-    const char* img = shard.image.data.get();
+    // One pass of CRC32 over the file: the tensor slices' CRC32s are computed on their own and combined
+    // with the bytes between them into the whole file's. A streamed shard's slices come from the state,
+    // the bytes between them from the image.
+    const std::byte* img = reinterpret_cast<const std::byte*>(shard.image.data.get());
     const std::size_t size = shard.image.size;
+    const bool streamed = !shard.from.empty();
     std::vector<std::size_t> order(plan.names.size());
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
               [&](std::size_t a, std::size_t b) { return shard.offsets[a] < shard.offsets[b]; });
     out.crcs.assign(plan.names.size(), 0);
+    std::vector<std::span<const std::byte>> pieces;
     std::uint32_t crc = 0;
     std::uint64_t pos = 0;
     for (const std::size_t t : order) {
       if (shard.bytes[t] == 0) continue;
       crc = h5::crc32_bytes(img + pos, shard.offsets[t] - pos, crc);
-      out.crcs[t] = h5::crc32_bytes(img + shard.offsets[t], shard.bytes[t]);
+      const std::byte* data =
+          streamed ? reinterpret_cast<const std::byte*>(shard.from[t]) : img + shard.offsets[t];
+      out.crcs[t] = h5::crc32_bytes(data, shard.bytes[t]);
       crc = h5::crc32_combine(crc, out.crcs[t], shard.bytes[t]);
+      pieces.emplace_back(img + pos, shard.offsets[t] - pos);
+      pieces.emplace_back(data, shard.bytes[t]);
       pos = shard.offsets[t] + shard.bytes[t];
     }
     crc = h5::crc32_bytes(img + pos, size - pos, crc);
-    h5::write_file(file, img, size, /*sync=*/false);
+    pieces.emplace_back(img + pos, size - pos);
+    h5::write_file(file, pieces, /*sync=*/false);
     fault_point(opts_, fault::Point::kAfterShardData, plan.meta.step);
     fault_point(opts_, fault::Point::kBeforeFsync, plan.meta.step);
     h5::fsync_path(file, false);
@@ -304,7 +318,9 @@ Writer::Local Writer::write_local(const Plan& plan, Shard& shard) const {
   } catch (const std::exception& e) {
     out.why = e.what();
   }
-  // The memory is kept for the next shard (one block: a later, larger state allocates anew).
+  // The memory is kept for the next shard (one block: a later, larger state allocates anew). A streamed
+  // shard's block is the metadata's: too small to keep.
+  if (!shard.from.empty()) return out;
   auto spare = std::make_unique<Shard>();
   spare->image = std::move(shard.image);
   const std::lock_guard lock(spare_mutex_);
@@ -430,7 +446,7 @@ SaveResult Writer::save(const StateRef& state) {
   }
   Local local;
   try {
-    auto shard = build(*plan, state);
+    auto shard = build(*plan, state, /*streamed=*/true);  // (the state holds still until save() returns)
     local = write_local(*plan, *shard);
   } catch (const Error& e) {
     local.why = e.message();
@@ -449,7 +465,7 @@ bool Writer::save_async(const StateRef& state) {
   auto job = std::make_unique<Async>();
   job->start = Clock::now();
   try {
-    job->shard = build(*plan, state);
+    job->shard = build(*plan, state, /*streamed=*/false);  // the image is the snapshot
   } catch (const Error& e) {
     job->local.why = e.message();  // reported at the gather, on every rank
   }

@@ -1,15 +1,18 @@
 // Writing HDF5 checkpoints: sharded parallel write, a commit that holds on distributed filesystems,
 // optionally in the background.
 //
-// Every rank builds its own shard file in memory with plain serial HDF5 (its slice of each tensor copied
-// once, straight from the live state into the file image), then writes and fsyncs it, concurrently with the
-// others. A rank dying mid-write cannot hang the others inside an MPI-IO collective (which ULFM does not
-// cover): the only collectives are the backend's small ones (agreeing on success, gathering checksums),
-// which have deadlines. Rank 0 then writes the manifest, fsyncs it, and creates the commit record last,
-// with an exclusive create: the checkpoint exists exactly when that record does. Nothing is renamed, and a
-// directory name is never used twice (a failed attempt at step N leaves its empty directory behind and
-// the next attempt writes "ckpt-N.2"): both are unsafe on GlusterFS. The names of the directories and
-// files are catalog.hpp's (docs/checkpoint-format.md has the full schema).
+// Every rank builds its own shard file in memory with plain serial HDF5, then writes and fsyncs it,
+// concurrently with the others. In the background (save_async) the file image is the snapshot: its slice of
+// each tensor is copied once, straight from the live state into the image. In the foreground (save) the
+// image holds only the file's metadata, and the slices are written from the state itself (the pieces that
+// HDF5 writes into the image are given back at once), so a checkpoint takes no memory of the state's size. A
+// rank dying mid-write cannot hang the others inside an MPI-IO collective (which ULFM does not cover): the
+// only collectives are the backend's small ones (agreeing on success, gathering checksums), which have
+// deadlines. Rank 0 then writes the manifest, fsyncs it, and creates the commit record last, with an
+// exclusive create: the checkpoint exists exactly when that record does. Nothing is renamed, and a directory
+// name is never used twice (a failed attempt at step N leaves its empty directory behind and the next attempt
+// writes "ckpt-N.2"): both are unsafe on GlusterFS. The names of the directories and files are catalog.hpp's
+// (docs/checkpoint-format.md has the full schema).
 //
 // Fault injection (core/fault.hpp): with WriterOptions::faults, a save calls the plan at the points
 // before-shard-data, after-shard-data and before-fsync on every rank, and before-manifest and
@@ -121,8 +124,10 @@ class Writer {
   };
   /// Collective: picks the directory of this save; nullptr if the step is already committed.
   std::unique_ptr<Plan> prepare(const StateRef& state);
-  /// Local: builds this rank's shard in memory (the one copy of its slice of the state).
-  std::unique_ptr<Shard> build(const Plan& plan, const StateRef& state) const;
+  /// Local: builds this rank's shard in memory (the one copy of its slice of the state); `streamed`: the
+  /// image without the data, which write_local() writes from the state itself (a save in the foreground,
+  /// while the state holds still: no memory of the state's size beside it).
+  std::unique_ptr<Shard> build(const Plan& plan, const StateRef& state, bool streamed) const;
   Local write_local(const Plan& plan, Shard& shard) const;                 // local I/O only
   Gathered gather(const Plan& plan, const Local& local, double write_ms);  // collective
   /// Rank 0, local: manifest, fsyncs, commit record, prune. Returns why it failed, empty if committed.

@@ -39,7 +39,8 @@ void free_pages(float* p, std::size_t n) noexcept {
 
 namespace {
 /// The whole pages inside `buf`, as byte addresses [first, last) (empty: first >= last).
-std::pair<std::uintptr_t, std::uintptr_t> whole_pages(std::span<float> buf) {
+template <typename T>
+std::pair<std::uintptr_t, std::uintptr_t> whole_pages(std::span<T> buf) {
   const std::size_t page = page_size();
   const auto lo = reinterpret_cast<std::uintptr_t>(buf.data());
   const auto hi = lo + buf.size_bytes();
@@ -61,13 +62,14 @@ void zero_pages(std::span<float> buf) {
   release_pages(buf);
 }
 
-void release_pages(std::span<float> buf) {
+void release_pages(std::span<float> buf) { release_pages(std::as_writable_bytes(buf)); }
+
+void release_pages(std::span<std::byte> buf) {
   if (buf.empty()) return;
   const auto [first, last] = whole_pages(buf);
   if (last <= first) return;
   // MADV_DONTNEED on a private anonymous mapping: the pages are dropped now and read as zero.
-  char* const at =
-      reinterpret_cast<char*>(buf.data()) + (first - reinterpret_cast<std::uintptr_t>(buf.data()));
+  std::byte* const at = buf.data() + (first - reinterpret_cast<std::uintptr_t>(buf.data()));
   if (madvise(at, last - first, MADV_DONTNEED) != 0) {
     SINEW_THROW(InternalError, "madvise(MADV_DONTNEED) of {} bytes failed: {}", last - first,
                 std::error_code(errno, std::generic_category()).message());

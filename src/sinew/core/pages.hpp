@@ -35,6 +35,8 @@ class MappedFloats {
 /// afterwards. The partial pages at either end keep their memory and values (a neighbour's elements may
 /// lie there). `buf` must lie in map_pages() memory (or any private anonymous mapping).
 void release_pages(std::span<float> buf);
+/// The same over bytes (any private anonymous memory: a malloc'd block of the C heap too).
+void release_pages(std::span<std::byte> buf);
 
 /// Zeroes `buf`: its whole pages by release_pages(), the partial ones at either end by writing zeros.
 void zero_pages(std::span<float> buf);
