@@ -149,7 +149,10 @@ def worker(a):
                  "sinew-p2": {"shard": "parameters", "shard_replicas": 2},
                  "sinew-p1-pf0": {"shard": "parameters", "shard_replicas": 1, "shard_prefetch": 0},
                  "sinew-p2-pf0": {"shard": "parameters", "shard_replicas": 2, "shard_prefetch": 0}}[a.worker]
-        job = sinew.init(max_steps=total, progress=False, log_level="warn", **shard)
+        # With a checkpoint directory, as a job has: the end checkpoint (the only one here) is what lets ZeRO-3 give
+        # its optimizer state back before the model is gathered whole at the end.
+        job = sinew.init(max_steps=total, progress=False, log_level="warn",
+                         checkpoint_dir=os.path.join(a.dir, f"ckpt-{a.worker}"), **shard)
         base = resident_mb()
         net = build(a)
         units = {"units": [net.embed, *net.layers]} if a.worker.startswith("sinew-p") else {}

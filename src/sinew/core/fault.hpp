@@ -17,6 +17,8 @@
 //   before-shard-data, after-shard-data,      the step of the checkpoint being written; before-manifest
 //   before-fsync, before-manifest,            and before-rename only run on the rank that commits (rank 0
 //   before-rename                             of the current view); checkpoint-write = after-shard-data
+//   end-gather                                the last step: --shard parameters, after the end checkpoint,
+//                                             before the model is gathered whole
 #pragma once
 
 #include <cstdint>
@@ -42,9 +44,10 @@ enum class Point : std::uint8_t {
   kBeforeFsync,
   kBeforeManifest,
   kBeforeCommit,
+  kEndGather,
 };
 
-inline constexpr NameTable<Point, 13> kPointNames{{
+inline constexpr NameTable<Point, 14> kPointNames{{
     {Point::kForward, "forward"},
     {Point::kBackward, "backward"},
     {Point::kAllreduce, "allreduce"},
@@ -58,6 +61,7 @@ inline constexpr NameTable<Point, 13> kPointNames{{
     {Point::kBeforeFsync, "before-fsync"},
     {Point::kBeforeManifest, "before-manifest"},
     {Point::kBeforeCommit, "before-commit"},
+    {Point::kEndGather, "end-gather"},
 }};
 
 struct Fault {

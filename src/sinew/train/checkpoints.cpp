@@ -32,21 +32,23 @@ bool CheckpointPolicy::in_flight(Fabric& fabric) {
   return fabric.writer() != nullptr && fabric.writer()->async_in_flight();
 }
 
-void CheckpointPolicy::save(Fabric& fabric, const char* why, bool async) {
+bool CheckpointPolicy::save(Fabric& fabric, const char* why, bool async) {
   auto* writer = fabric.writer();
-  if (writer == nullptr) return;
+  if (writer == nullptr) return false;
   try {
     fabric.algorithm().consensus();  // one model: decentralized ranks' models differ between consensus points
     if (!fabric.algorithm().lockstep()) state_.mirror();  // the one model into the node's copy as well
     auto snap = [&] { return state_.snapshot_ref(fabric.algorithm(), fabric.size(), config_json_); };
     if (async) {
       if (writer->save_async(snap())) pending_reason_ = why;
-      return;
+      return false;
     }
     if (auto r = writer->finish_async()) report(fabric, *r, pending_reason_);
     report(fabric, writer->save(snap()), why);
+    return true;
   } catch (const CheckpointError& e) {
     failed(fabric, why, e.message());
+    return false;
   }
 }
 

@@ -30,8 +30,10 @@ class CheckpointPolicy {
                    int generation);
 
   /// Collective: writes a checkpoint of the current state (`async`: periodic ones only, in the
-  /// background). Failures are reported, not thrown; CommFailure/Timeout still propagate.
-  void save(Fabric& fabric, const char* why, bool async = false);
+  /// background). Failures are reported, not thrown; CommFailure/Timeout still propagate. Returns whether
+  /// a checkpoint of the current step is committed now (written, or there already); false with no
+  /// checkpoint directory, a failure, or `async`.
+  bool save(Fabric& fabric, const char* why, bool async = false);
   /// Collective: moves the background checkpoint in flight on: with `wait`, to its commit; without, to
   /// its next stage (the caller agreed that every rank is ready for it). No-op if none is in flight.
   void progress(Fabric& fabric, bool wait = true);

@@ -295,7 +295,18 @@ struct Session::Impl {
     // Sharded parameters too: the gradients are done with. The end checkpoint comes first, from the shards:
     // it holds the trained model whatever follows, and its buffers are gone before the model is made whole.
     release_pages(work.grads());  // (the edges keep a page each: no matter, nothing reads them)
-    checkpoints.save(fabric(), "end");
+    const bool committed = checkpoints.save(fabric(), "end");
+    // Once every member's end checkpoint is committed, the optimiser's state has no reader left (a script's
+    // optimizer.state_dict() is refused while the state is sharded): its memory, AdamW's 8 bytes per
+    // element held, is given back before the model is made whole, so that the end's peak stays below
+    // training's. A failure from here on ends in a relaunch from that checkpoint, which finishes at once
+    // (reshard() refuses). Without a committed end checkpoint the state stays, and a failure in the gather
+    // below is recovered in place as in training.
+    std::array<double, 1> all{committed ? 1.0 : 0.0};
+    fabric().backend().allreduce_sync(comm::Buffer::of(std::span<double>(all)), comm::ReduceOp::kMin,
+                                      setup.op);
+    if (all[0] > 0) shards->give_back_state();
+    faults.at(Point::kEndGather, step());
     // The script gets its model whole where every member has the room (each by its own memory limit, as it
     // stands now); else it stays sharded, and the end checkpoint is the model.
     std::array<double, 1> apart{room_for_whole_model() ? 0.0 : 1.0};

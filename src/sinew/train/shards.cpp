@@ -153,6 +153,7 @@ void ShardedOptimizer::set_steps(std::int64_t steps) {
 
 void ShardedOptimizer::step(std::span<float> params, std::span<const float> grads, float lr) {
   SINEW_ENFORCE(arranged(), "a sharded optimiser step before the shards were arranged");
+  SINEW_ENFORCE(!state_given_back_, "a sharded optimiser step after its state was given back");
   SINEW_ENFORCE(params.size() == total_ && grads.size() == total_, "sharded step over {} of {} parameters",
                 params.size(), total_);
   for (auto& h : held_) h.opt->step(h.range.of(params), h.range.of(grads), lr);
@@ -422,8 +423,15 @@ std::vector<Slice> ShardedOptimizer::held_ranges() const {
   return r;
 }
 
+void ShardedOptimizer::give_back_state() {
+  for (auto& h : held_)
+    for (const auto& [name, buf] : h.opt->state()) release_pages(buf);
+  state_given_back_ = true;
+}
+
 NamedSpans ShardedOptimizer::own_state() {
   SINEW_ENFORCE(arranged(), "the shards' state before they were arranged");
+  SINEW_ENFORCE(!state_given_back_, "the shards' state after it was given back (the end of training)");
   return held_.front().opt->state();
 }
 
@@ -435,6 +443,13 @@ std::size_t ShardedOptimizer::state_bytes() const {
 
 double ShardedOptimizer::reshard(comm::Backend& backend, std::span<float> params, const comm::Options& op,
                                  int new_rank, int new_world) {
+  if (state_given_back_) {
+    SINEW_THROW(
+        RelaunchRequest,
+        "a change of membership after training ended: the optimiser state was given back once the end "
+        "checkpoint held it, so there is nothing to reshard in place; the relaunch resumes from that "
+        "checkpoint and finishes at once");
+  }
   const auto t = Clock::now();
   const int m = backend.size(), q = backend.rank();
   SINEW_ENFORCE(params.size() == total_, "reshard of {} parameters, the shards cover {}", params.size(),

@@ -189,6 +189,13 @@ class ShardedOptimizer {
   /// The ranges of the flat buffer this member holds, owner's shard first.
   [[nodiscard]] std::vector<Slice> held_ranges() const;
 
+  /// At the end of training, once the end checkpoint holds it: gives the memory of every held shard's
+  /// optimiser state back to the system (its whole pages; they read as zero). Nothing may read the state
+  /// afterwards: step(), own_state() and reshard() refuse it, the last with RelaunchRequest (a failure after
+  /// the end checkpoint ends in a relaunch from it, which finishes at once). Local.
+  void give_back_state();
+  [[nodiscard]] bool state_given_back() const noexcept { return state_given_back_; }
+
   /// The held shards with their state, owner's shard first.
   struct Held {
     int shard = 0;
@@ -237,6 +244,7 @@ class ShardedOptimizer {
   bool stale_ = false;
   bool gradients_sharded_ = false;
   bool parameters_sharded_ = false;
+  bool state_given_back_ = false;
   std::atomic<std::uint64_t> bytes_sent_{0};  // added to by the communication thread (scatter_bucket)
   std::vector<float> scatter_out_;            // scatter_bucket's reduce-scatter output
   double reshard_ms_ = 0;
