@@ -3,7 +3,7 @@
 
 usage: plot.py OUT_DIR [allreduce-2.json allreduce-4.json ...] [--train-step train_step_summary.json]
                 [--checkpoint checkpoint_summary.json] [--torch torch_bench.json]
-                [--shard-torch shard_torch_bench.json]
+                [--shard-torch shard_torch_bench.json [--shard-torch-png NAME.png]]
 Writes OUT_DIR/allreduce_busbw.png (bus bandwidth vs message size, Sinew bucketed vs MPI_Allreduce, one
 line pair per rank count), OUT_DIR/train_step.png (step time, Sinew vs PyTorch DDP) and
 OUT_DIR/checkpoint_vs_dd.png (checkpoint write and restore throughput as a multiple of dd's, local disk
@@ -30,6 +30,7 @@ def main():
     p.add_argument("--checkpoint")
     p.add_argument("--torch")
     p.add_argument("--shard-torch")
+    p.add_argument("--shard-torch-png", default="shard_torch.png", help="the file name of --shard-torch's plot")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.allreduce:
@@ -123,7 +124,7 @@ def main():
         fig.suptitle(f"transformer {s['layers']}x{s['width']}, {s['params'] / 1e6:.0f} M parameters, AdamW, "
                      f"{s['ranks']} ranks on the CPU (dotted: issue 51's targets)", fontsize=10)
         fig.tight_layout()
-        fig.savefig(os.path.join(a.out, "shard_torch.png"), dpi=110)
+        fig.savefig(os.path.join(a.out, a.shard_torch_png), dpi=110)
 
 
 if __name__ == "__main__":
