@@ -6,6 +6,7 @@ then every state tensor of a parameter's shape is moved into a flat tensor per k
 write Sinew's buffers, which replacements receive and checkpoints hold (optim/<key>).
 """
 import inspect
+import mmap
 import types
 
 import torch
@@ -167,6 +168,7 @@ ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "A
 # The largest piece of a parameter a sharded optimizer steps at once (elements; 4 MiB of float32). The update is
 # element-wise (ELEMENTWISE), so pieces change no bit of it.
 STEP_CHUNK = 1 << 20
+PAGE = mmap.PAGESIZE  # (a reshard places state buffers by their offset within a page)
 
 
 def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
@@ -203,11 +205,24 @@ def _adopt_sharded(opt, work, named_params, own_loop, step_gate):
             out["lr"] = out["lr"].item()  # (a GPU tensor of the script's, for the host's step)
         return out
 
-    def make(offset, count):
+    def buffer(i, value, count, place):
+        if place is None:
+            return torch.full((count,), value, dtype=work.flat_params.dtype)
+        # A reshard's: every element is written from the old layout's state before it is read, so nothing is
+        # written now (no page taken), and element 0 lies at place[i] within a page, where the pages this rank
+        # keeps of its old buffer move in instead of being copied (ShardedOptimizer::reshard).
+        if i >= len(place):
+            return torch.empty(count, dtype=work.flat_params.dtype)
+        size = work.flat_params.element_size()
+        big = torch.empty(count + PAGE // size, dtype=work.flat_params.dtype)
+        pad = (place[i] - big.data_ptr()) % PAGE // size
+        return big[pad:pad + count]
+
+    def make(offset, count, place=None):
         flat, grads = work.host_params, work.host_grads  # (on the CPU: the flat buffers themselves)
         base = work.flat_params.data_ptr()
         size = work.flat_params.element_size()
-        bufs = {k: torch.full((count,), v, dtype=flat.dtype) for k, v in shaped.items()}
+        bufs = {k: buffer(i, v, count, place) for i, (k, v) in enumerate(shaped.items())}
         pieces = {}  # the script's group -> [(view parameter, its first element)]
         for _, p in positions:
             at = (p.data_ptr() - base) // size

@@ -173,9 +173,11 @@ PYBIND11_MODULE(_core, m) {
               py::gil_scoped_acquire gil;
               delete f;
             });
-            w.use_sharded_optimizer(std::move(name), [fn](Slice r) {
+            w.use_sharded_optimizer(std::move(name), [fn](Slice r, const optim::StatePlacement& place) {
               py::gil_scoped_acquire gil;
-              const py::tuple t = (*fn)(r.offset, r.count);
+              // (place: None, or a reshard's buffers' page offsets, optim::StatePlacement)
+              const py::object where = place.overwritten ? py::cast(place.page_offset) : py::none();
+              const py::tuple t = (*fn)(r.offset, r.count, where);
               pytorch::ExternalOptimizer o;
               o.state = named(t[0].cast<std::vector<std::pair<std::string, at::Tensor>>>());
               o.step = t[1].cast<std::function<void(float)>>();

@@ -371,3 +371,44 @@ TEST(StateSync, ShardedParametersGatherReleaseAndReshard) {
   EXPECT_THROW(shards.gather_rows(backend, p, table, width, std::vector<std::int64_t>{5, 3}, comm::Options{}),
                InternalError);
 }
+
+// A planned leave of the last member (the job server's shrink): the members that stay take its shards over at
+// R = 2 on one member fewer (at 2 members the one that stays holds everything). What a member kept is not copied: its whole pages move into the new buffers,
+// which the reshard placed for it (optim::StatePlacement), and every value is then the whole optimiser's.
+TEST(StateSync, ShardedReshardMovesTheKeptPagesIntoTheNewLayout) {
+  comm::mpi::MpiBackend backend(mpi::Communicator::borrow(MPI_COMM_WORLD));
+  const int r = backend.rank(), n = backend.size();
+  optim::OptimizerOptions o;
+  o.name = "adam";
+  const std::size_t total = std::size_t{3} << 20;  // 12 MiB per state buffer
+  train::ShardedOptimizer shards(o, total, 2);
+  shards.arrange(r, n);
+  std::vector<float> params(total), grads(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    params[i] = value(i);
+    grads[i] = 0.001f * std::cos(static_cast<float>(i));
+  }
+  std::vector<float> whole_params = params;
+  auto whole = optim::make_optimizer(o, total);
+  for (int step = 0; step < 2; ++step) {
+    whole->step(whole_params, grads, 0.01f);
+    shards.step(params, grads, 0.01f);  // (its held ranges only: the reshard brings the others)
+  }
+  const bool leaves = r == n - 1;
+  shards.reshard(backend, params, comm::Options{}, leaves ? -1 : r, n - 1);
+  if (leaves) {
+    EXPECT_TRUE(shards.held().empty());
+    return;
+  }
+  EXPECT_EQ(shards.layout().world, n - 1);
+  EXPECT_GT(shards.last_moved_bytes(), std::size_t{1} << 20) << "member " << r;
+  for (std::size_t i = 0; i < total; ++i) ASSERT_EQ(params[i], whole_params[i]) << "params[" << i << "]";
+  const auto ws = whole->state();
+  for (const auto& h : shards.held()) {
+    const auto hs = h.opt->state();
+    for (std::size_t k = 0; k < ws.size(); ++k)
+      for (std::size_t i = 0; i < h.range.count; ++i)
+        ASSERT_EQ(hs[k].second[i], ws[k].second[h.range.offset + i])
+            << ws[k].first << " of shard " << h.shard;
+  }
+}

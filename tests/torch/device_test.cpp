@@ -99,7 +99,7 @@ struct Outcome {
 /// SGD in torch operations over views of the range of work.host_params()/host_grads(), with its momentum as
 /// its state. The runtime steps it where it steps its own shards; on a device that is the host record.
 pytorch::ShardFactory script_optimizer(TorchWorkload& work) {
-  return [&work](Slice r) {
+  return [&work](Slice r, const optim::StatePlacement&) {  // (its state initialised always)
     const auto range = [r](const at::Tensor& t) {
       return t.narrow(0, static_cast<std::int64_t>(r.offset), static_cast<std::int64_t>(r.count));
     };

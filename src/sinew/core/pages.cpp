@@ -14,6 +14,10 @@
 
 #include "sinew/core/error.hpp"
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4  // NOLINT(cppcoreguidelines-macro-usage): Linux 5.7's, older C libraries lack it
+#endif
+
 namespace sinew {
 
 namespace {
@@ -22,6 +26,8 @@ std::size_t page_size() {
   return p;
 }
 }  // namespace
+
+std::size_t page_bytes() { return page_size(); }
 
 float* map_pages(std::size_t n) {
   const std::size_t bytes = std::max<std::size_t>(n * sizeof(float), 1);
@@ -35,6 +41,21 @@ float* map_pages(std::size_t n) {
 
 void free_pages(float* p, std::size_t n) noexcept {
   if (p != nullptr) munmap(p, std::max<std::size_t>(n * sizeof(float), 1));
+}
+
+PlacedFloats::PlacedFloats(std::size_t n, std::size_t page_offset) : n_(n) {
+  SINEW_ENFORCE(page_offset % sizeof(float) == 0 && page_offset < page_size(),
+                "a buffer placed {} bytes into a page of {}", page_offset, page_size());
+  mapped_ = n + page_offset / sizeof(float);
+  map_ = map_pages(mapped_);
+  data_ = map_ + page_offset / sizeof(float);
+}
+
+void PlacedFloats::swap(PlacedFloats& o) noexcept {
+  std::swap(map_, o.map_);
+  std::swap(mapped_, o.mapped_);
+  std::swap(data_, o.data_);
+  std::swap(n_, o.n_);
 }
 
 namespace {
@@ -60,6 +81,45 @@ void zero_pages(std::span<float> buf) {
   std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(head), 0.f);
   std::fill(buf.begin() + static_cast<std::ptrdiff_t>(tail), buf.end(), 0.f);
   release_pages(buf);
+}
+
+std::size_t move_floats(std::span<float> from, std::span<float> to) {
+  SINEW_ENFORCE(from.size() == to.size(), "a move of {} floats into {}", from.size(), to.size());
+  const auto src = reinterpret_cast<std::uintptr_t>(from.data());
+  const auto dst = reinterpret_cast<std::uintptr_t>(to.data());
+  const auto copy = [&](std::uintptr_t lo, std::uintptr_t hi) {  // the bytes [lo, hi) of `to`
+    const auto a = static_cast<std::ptrdiff_t>((lo - dst) / sizeof(float));
+    const auto b = static_cast<std::ptrdiff_t>((hi - dst) / sizeof(float));
+    std::copy(from.begin() + a, from.begin() + b, to.begin() + a);
+  };
+  // (Linux 5.7: MREMAP_DONTUNMAP leaves the source mapped and empty, so the mapping or heap it lies in stays
+  // whole.) A move must not span two mappings of the source: EFAULT, and the caller copies.
+  const auto move = [&](std::uintptr_t lo, std::uintptr_t hi) {
+    void* at = reinterpret_cast<void*>(lo - dst + src);  // NOLINT(performance-no-int-to-ptr)
+    void* want = reinterpret_cast<void*>(lo);            // NOLINT(performance-no-int-to-ptr)
+    return mremap(at, hi - lo, hi - lo, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, want) == want;
+  };
+  const auto [first, last] = whole_pages(to);
+  const std::uintptr_t end = dst + to.size_bytes();
+  if (last <= first || (src - dst) % page_size() != 0) {
+    copy(dst, end);
+    return 0;
+  }
+  copy(dst, first);
+  copy(last, end);
+  if (move(first, last)) return last - first;
+  // The source is several mappings (pages an earlier move brought into its buffer): 2 MiB at a time.
+  constexpr std::uintptr_t kPiece = std::uintptr_t{2} << 20;
+  std::size_t moved = 0;
+  for (std::uintptr_t lo = first, hi = 0; lo < last; lo = hi) {
+    hi = std::min(lo + kPiece, last);
+    if (move(lo, hi)) {
+      moved += hi - lo;
+    } else {
+      copy(lo, hi);
+    }
+  }
+  return moved;
 }
 
 void release_pages(std::span<float> buf) { release_pages(std::as_writable_bytes(buf)); }

@@ -31,12 +31,47 @@ class MappedFloats {
   float* p_;
 };
 
+/// `n` floats of zero in map_pages() memory of their own, element 0 `page_offset` bytes into a page (a
+/// multiple of sizeof(float), below the page size): an optimiser's state buffer, which a reshard fills by
+/// moving the pages it keeps into it (move_floats; optim::StatePlacement). Moves with its memory.
+class PlacedFloats {
+ public:
+  PlacedFloats() = default;
+  PlacedFloats(std::size_t n, std::size_t page_offset);
+  ~PlacedFloats() { free_pages(map_, mapped_); }
+  PlacedFloats(const PlacedFloats&) = delete;
+  PlacedFloats& operator=(const PlacedFloats&) = delete;
+  PlacedFloats(PlacedFloats&& o) noexcept { swap(o); }
+  PlacedFloats& operator=(PlacedFloats&& o) noexcept {
+    PlacedFloats gone(std::move(o));
+    swap(gone);
+    return *this;
+  }
+  [[nodiscard]] std::span<float> span() const noexcept { return {data_, n_}; }
+
+ private:
+  void swap(PlacedFloats& o) noexcept;
+  float* map_ = nullptr;
+  std::size_t mapped_ = 0;  // floats
+  float* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
 /// Gives the whole pages inside `buf` back to the system (madvise MADV_DONTNEED): they read as zero
 /// afterwards. The partial pages at either end keep their memory and values (a neighbour's elements may
 /// lie there). `buf` must lie in map_pages() memory (or any private anonymous mapping).
 void release_pages(std::span<float> buf);
 /// The same over bytes (any private anonymous memory: a malloc'd block of the C heap too).
 void release_pages(std::span<std::byte> buf);
+
+/// Copies `from` into `to` (the same size, not overlapping), moving what it can instead: where the two lie at
+/// the same offset within a page, the whole pages of `to` take `from`'s pages themselves (mremap with
+/// MREMAP_DONTUNMAP), which costs neither a copy nor memory taken fresh; `from`'s moved pages read as zero
+/// afterwards. Both must lie in private anonymous memory (map_pages(), the C heap). Returns the bytes moved
+/// (0: everything copied, as when the offsets differ or the kernel refuses the move).
+std::size_t move_floats(std::span<float> from, std::span<float> to);
+/// The system's page size in bytes.
+[[nodiscard]] std::size_t page_bytes();
 
 /// Zeroes `buf`: its whole pages by release_pages(), the partial ones at either end by writing zeros.
 void zero_pages(std::span<float> buf);

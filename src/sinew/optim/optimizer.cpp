@@ -18,6 +18,11 @@ void check_range(const char* opt, const char* what, float v, float lo, float hi,
 
 constexpr float kInf = HUGE_VALF;
 
+/// State buffer `k` of `n` zeros, where `place` puts it.
+PlacedFloats state_buffer(std::size_t n, const StatePlacement& place, std::size_t k) {
+  return {n, k < place.page_offset.size() ? place.page_offset[k] : 0};
+}
+
 }  // namespace
 
 void Optimizer::set_steps(std::int64_t steps) {
@@ -39,7 +44,7 @@ void Optimizer::check_step(std::span<float> params, std::span<const float> grads
 
 // --- SGD ---------------------------------------------------------------------------------------------------
 
-Sgd::Sgd(const OptimizerOptions& opts, std::size_t num_params)
+Sgd::Sgd(const OptimizerOptions& opts, std::size_t num_params, const StatePlacement& place)
     : momentum_(opts.momentum),
       weight_decay_(opts.weight_decay),
       nesterov_(opts.nesterov),
@@ -49,7 +54,7 @@ Sgd::Sgd(const OptimizerOptions& opts, std::size_t num_params)
   if (nesterov_ && momentum_ == 0.f) {
     SINEW_THROW(InvalidArgument, "optimizer 'sgd': nesterov needs momentum > 0");
   }
-  if (momentum_ > 0.f) buf_.assign(num_params, 0.f);
+  if (momentum_ > 0.f) buf_ = state_buffer(num_params, place, 0);
 }
 
 void Sgd::step(std::span<float> params, std::span<const float> grads, float lr) {
@@ -61,14 +66,14 @@ void Sgd::step(std::span<float> params, std::span<const float> grads, float lr) 
   if (m == 0.f) {
     for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
   } else if (nesterov_) {
-    float* b = buf_.data();
+    float* b = buf_.span().data();
     for (std::size_t i = 0; i < n; ++i) {
       const float d = g[i] + wd * p[i];
       b[i] = m * b[i] + d;
       p[i] -= lr * (d + m * b[i]);
     }
   } else {
-    float* b = buf_.data();
+    float* b = buf_.span().data();
     for (std::size_t i = 0; i < n; ++i) {
       b[i] = m * b[i] + (g[i] + wd * p[i]);
       p[i] -= lr * b[i];
@@ -79,18 +84,19 @@ void Sgd::step(std::span<float> params, std::span<const float> grads, float lr) 
 
 std::vector<std::pair<std::string, std::span<float>>> Sgd::state() {
   if (momentum_ == 0.f) return {};
-  return {{"momentum", std::span<float>(buf_)}};
+  return {{"momentum", buf_.span()}};
 }
 
 // --- Adam --------------------------------------------------------------------------------------------------
 
-Adam::Adam(const OptimizerOptions& opts, std::size_t num_params)
+Adam::Adam(const OptimizerOptions& opts, std::size_t num_params, const StatePlacement& place)
     : beta1_(opts.beta1),
       beta2_(opts.beta2),
       eps_(opts.eps),
       weight_decay_(opts.weight_decay),
-      m_(num_params, 0.f),
-      v_(num_params, 0.f) {
+      num_params_(num_params),
+      m_(state_buffer(num_params, place, 0)),
+      v_(state_buffer(num_params, place, 1)) {
   check_range("adam", "beta1", beta1_, 0.f, 1.f, true);
   check_range("adam", "beta2", beta2_, 0.f, 1.f, true);
   check_range("adam", "eps", eps_, 0.f, kInf, true);
@@ -98,7 +104,7 @@ Adam::Adam(const OptimizerOptions& opts, std::size_t num_params)
 }
 
 void Adam::step(std::span<float> params, std::span<const float> grads, float lr) {
-  check_step(params, grads, lr, m_.size());
+  check_step(params, grads, lr, num_params_);
   const std::int64_t t = steps_ + 1;
   // Bias corrections in double, as PyTorch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1_), static_cast<double>(t));
@@ -109,9 +115,9 @@ void Adam::step(std::span<float> params, std::span<const float> grads, float lr)
   const float c1 = 1.f - b1, c2 = 1.f - b2;
   float* p = params.data();
   const float* g = grads.data();
-  float* m = m_.data();
-  float* v = v_.data();
-  const std::size_t n = m_.size();
+  float* m = m_.span().data();
+  float* v = v_.span().data();
+  const std::size_t n = num_params_;
   for (std::size_t i = 0; i < n; ++i) {
     const float d = g[i] + wd * p[i];
     m[i] = b1 * m[i] + c1 * d;
@@ -122,14 +128,15 @@ void Adam::step(std::span<float> params, std::span<const float> grads, float lr)
 }
 
 std::vector<std::pair<std::string, std::span<float>>> Adam::state() {
-  return {{"adam_m", std::span<float>(m_)}, {"adam_v", std::span<float>(v_)}};
+  return {{"adam_m", m_.span()}, {"adam_v", v_.span()}};
 }
 
 // --- factory -----------------------------------------------------------------------------------------------
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& opts, std::size_t num_params) {
-  if (opts.name == "sgd") return std::make_unique<Sgd>(opts, num_params);
-  if (opts.name == "adam") return std::make_unique<Adam>(opts, num_params);
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& opts, std::size_t num_params,
+                                          const StatePlacement& place) {
+  if (opts.name == "sgd") return std::make_unique<Sgd>(opts, num_params, place);
+  if (opts.name == "adam") return std::make_unique<Adam>(opts, num_params, place);
   SINEW_THROW(InvalidArgument, "unknown optimizer '{}'; valid optimizers: sgd, adam", opts.name);
 }
 

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "sinew/core/pages.hpp"
+
 namespace sinew::optim {
 
 struct OptimizerOptions {
@@ -17,6 +19,17 @@ struct OptimizerOptions {
   float weight_decay = 0.f;  ///< L2 penalty added to the gradient: g + weight_decay * p; >= 0
   bool nesterov = false;     ///< sgd: Nesterov momentum (needs momentum > 0)
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  ///< adam: betas in [0, 1), eps >= 0
+};
+
+/// How a sharded optimiser's state buffers are made (train/shards.hpp). By default (`overwritten` false) they
+/// hold what a first step expects (zeros). A reshard's are `overwritten`: every element is written from the
+/// old layout's state before anything reads it, so they need no initial values, and element 0 of state
+/// buffer k is best placed at a byte address congruent to `page_offset[k]` modulo the page size: the whole
+/// pages the member keeps of its old buffer can then move into the new one instead of being copied into
+/// memory taken fresh (core/pages.hpp move_floats). An optimiser that cannot place its buffers ignores it.
+struct StatePlacement {
+  bool overwritten = false;
+  std::vector<std::size_t> page_offset;  ///< per state buffer, in the order of state(); empty: anywhere
 };
 
 class Optimizer {
@@ -54,7 +67,7 @@ class Optimizer {
 /// State: {"momentum"} when momentum > 0, otherwise none.
 class Sgd final : public Optimizer {
  public:
-  Sgd(const OptimizerOptions& opts, std::size_t num_params);
+  Sgd(const OptimizerOptions& opts, std::size_t num_params, const StatePlacement& place = {});
   [[nodiscard]] std::string name() const override { return "sgd"; }
   void step(std::span<float> params, std::span<const float> grads, float lr) override;
   std::vector<std::pair<std::string, std::span<float>>> state() override;
@@ -63,7 +76,7 @@ class Sgd final : public Optimizer {
   float momentum_, weight_decay_;
   bool nesterov_;
   std::size_t num_params_;
-  std::vector<float> buf_;
+  PlacedFloats buf_;
 };
 
 /// PyTorch torch.optim.Adam semantics (amsgrad off): g' = g + wd*p; m = b1*m + (1-b1)*g';
@@ -71,18 +84,21 @@ class Sgd final : public Optimizer {
 /// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). State: {"adam_m", "adam_v"}.
 class Adam final : public Optimizer {
  public:
-  Adam(const OptimizerOptions& opts, std::size_t num_params);
+  Adam(const OptimizerOptions& opts, std::size_t num_params, const StatePlacement& place = {});
   [[nodiscard]] std::string name() const override { return "adam"; }
   void step(std::span<float> params, std::span<const float> grads, float lr) override;
   std::vector<std::pair<std::string, std::span<float>>> state() override;
 
  private:
   float beta1_, beta2_, eps_, weight_decay_;
-  std::vector<float> m_;
-  std::vector<float> v_;
+  std::size_t num_params_;
+  PlacedFloats m_;
+  PlacedFloats v_;
 };
 
-/// "sgd" or "adam"; throws InvalidArgument for an unknown name or an out-of-range option.
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& opts, std::size_t num_params);
+/// "sgd" or "adam"; throws InvalidArgument for an unknown name or an out-of-range option. Their state is
+/// core/pages.hpp memory, placed as `place` says.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& opts, std::size_t num_params,
+                                          const StatePlacement& place = {});
 
 }  // namespace sinew::optim

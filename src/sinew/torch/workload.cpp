@@ -474,10 +474,11 @@ void TorchWorkload::use_sharded_optimizer(std::string name, ShardFactory make) {
   shard_factory_ = std::move(make);
 }
 
-std::unique_ptr<optim::Optimizer> TorchWorkload::shard_optimizer(Slice range) {
+std::unique_ptr<optim::Optimizer> TorchWorkload::shard_optimizer(Slice range,
+                                                                 const optim::StatePlacement& place) {
   shards_made_ = true;
   if (!shard_factory_) return nullptr;
-  ExternalOptimizer o = shard_factory_(range);
+  ExternalOptimizer o = shard_factory_(range, place);
   o.name = sharded_name_;
   if (!o.step || !o.steps || !o.set_steps)
     SINEW_THROW(InvalidArgument, "optimizer {}: its shard's step and step-count functions are required",

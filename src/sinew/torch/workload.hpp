@@ -103,7 +103,7 @@ struct ExternalOptimizer {
 
 /// A script's optimiser over one range of the flat buffers, for a sharded state (train/shards.hpp): an
 /// ExternalOptimizer whose state tensors are the range's size.
-using ShardFactory = std::function<ExternalOptimizer(Slice range)>;
+using ShardFactory = std::function<ExternalOptimizer(Slice range, const optim::StatePlacement& place)>;
 
 class TorchWorkload final : public workload::Workload {
  public:
@@ -167,7 +167,8 @@ class TorchWorkload final : public workload::Workload {
   void zero_grads();
   /// With shard_state(): the script's optimiser `name`, made per shard by `make`.
   void use_sharded_optimizer(std::string name, ShardFactory make);
-  [[nodiscard]] std::unique_ptr<optim::Optimizer> shard_optimizer(Slice range) override;
+  [[nodiscard]] std::unique_ptr<optim::Optimizer> shard_optimizer(
+      Slice range, const optim::StatePlacement& place) override;
   [[nodiscard]] NamedSpans buffers() override;
   void buffers_to_host() override;
   void buffers_to_device() override;

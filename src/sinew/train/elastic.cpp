@@ -161,7 +161,11 @@ RecoveryReport ElasticController::recover(const CommFailure& e) {
             ? fmt::format("NCCL abort {:.1f} ms, NCCL init {:.1f} ms, ", ev.nccl_abort_ms, ev.nccl_init_ms)
             : "",
         ev.revoke_ms, ev.shrink_ms, ev.agree_ms, ev.rebuild_ms, ev.sync_ms,
-        ev.reshard_ms >= 0 ? fmt::format(" of which the reshard {:.1f} ms", ev.reshard_ms) : "",
+        ev.reshard_ms >= 0
+            ? fmt::format(" of which the reshard {:.1f} ms, {:.1f} MB of state kept by moving its "
+                          "pages",
+                          ev.reshard_ms, static_cast<double>(ev.reshard_moved_bytes) / 1e6)
+            : "",
         state_.pos().step + 1);
   }
   rep.world_size = world;
@@ -179,6 +183,7 @@ void ElasticController::settle(int from, const char* why, FailureEvent* ev) {
     ev->nccl_init_ms = nccl_init;
     ev->sync_ms = sync;
     ev->reshard_ms = state_.reshard_ms();
+    ev->reshard_moved_bytes = state_.reshard_moved_bytes();
   }
   rescale(from, why);
   // Every member now holds the same position, hence the same target.

@@ -93,7 +93,10 @@ json to_json(const FailureEvent& e) {
             {"sync_ms", e.sync_ms},
             {"resumed_step", e.resumed_step},
             {"role", e.role}};
-  if (e.reshard_ms >= 0) j["reshard_ms"] = e.reshard_ms;
+  if (e.reshard_ms >= 0) {
+    j["reshard_ms"] = e.reshard_ms;
+    j["reshard_moved_bytes"] = e.reshard_moved_bytes;
+  }
   if (e.on_device) {
     j["nccl_abort_ms"] = e.nccl_abort_ms;
     j["nccl_init_ms"] = e.nccl_init_ms;

@@ -83,6 +83,9 @@ struct FailureEvent {
   /// --shard optimizer: the part of sync_ms that rebuilt the lost shards and resharded them
   /// (train/shards.hpp); written only then (< 0: unsharded).
   double reshard_ms = -1;
+  /// Of the reshard: the bytes of optimiser state this member kept and moved as whole pages into its new
+  /// buffers instead of copying them (ShardedOptimizer::last_moved_bytes).
+  std::size_t reshard_moved_bytes = 0;
   /// --device cuda (`on_device`): aborting the old NCCL communicator (before the shrink) and creating the
   /// new one (part of rebuild_ms); written only then.
   bool on_device = false;

@@ -369,6 +369,10 @@ void ReplicatedState::reshard(comm::Backend& backend, const comm::Options& op, i
 
 double ReplicatedState::reshard_ms() const { return shards_ != nullptr ? shards_->last_reshard_ms() : -1; }
 
+std::size_t ReplicatedState::reshard_moved_bytes() const {
+  return shards_ != nullptr ? shards_->last_moved_bytes() : 0;
+}
+
 void ReplicatedState::hand_over(comm::Backend& backend, const comm::Options& op,
                                 const std::vector<bool>& leaving) {
   if (shards_ == nullptr) return;

@@ -108,6 +108,8 @@ class ReplicatedState {
   void attach_shards(ShardedOptimizer* shards) noexcept { shards_ = shards; }
   /// With shards: the milliseconds of the last synchronise() spent rebuilding and moving them; else -1.
   [[nodiscard]] double reshard_ms() const;
+  /// With shards: the bytes of state the last reshard moved (whole pages) instead of copying; else 0.
+  [[nodiscard]] std::size_t reshard_moved_bytes() const;
 
   /// Collective over the view before the members marked in `leaving` (by rank) leave it: with sharded
   /// state, the staying members take the whole of it over, laid out over them (a leave loses nothing

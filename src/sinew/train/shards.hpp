@@ -88,7 +88,8 @@ struct ReshardPlan {
 class ShardedOptimizer {
  public:
   /// Makes the optimiser of one held range (its state that range's size).
-  using Factory = std::function<std::unique_ptr<optim::Optimizer>(Slice range)>;
+  using Factory =
+      std::function<std::unique_ptr<optim::Optimizer>(Slice range, const optim::StatePlacement& place)>;
   /// For a flat buffer of `total` parameters; holds nothing until arrange() or reshard(). `make` null:
   /// Sinew's optimiser of `opts` per range.
   ShardedOptimizer(optim::OptimizerOptions opts, std::size_t total, int replicas, Factory make = nullptr);
@@ -220,9 +221,14 @@ class ShardedOptimizer {
                  int new_world);
   /// Milliseconds the last reshard() took on this member (0 before any).
   [[nodiscard]] double last_reshard_ms() const noexcept { return reshard_ms_; }
+  /// Bytes of state the last reshard() moved as whole pages from this member's old buffers into its new
+  /// ones, instead of copying them into memory taken fresh (core/pages.hpp move_floats).
+  [[nodiscard]] std::size_t last_moved_bytes() const noexcept { return moved_bytes_; }
 
  private:
-  std::vector<Held> make_held(int rank, int world) const;
+  /// The shards `rank` holds in a layout over `world`, with fresh state made as `place` says (per shard, in
+  /// held_by()'s order; empty: initialised).
+  std::vector<Held> make_held(int rank, int world, std::span<const optim::StatePlacement> place = {}) const;
   /// release() with the shards of `rank` in `layout` as the held ones.
   static void release_except(std::span<float> buf, std::span<const Slice> ranges, const ShardLayout& layout,
                              int rank);
@@ -248,6 +254,7 @@ class ShardedOptimizer {
   std::atomic<std::uint64_t> bytes_sent_{0};  // added to by the communication thread (scatter_bucket)
   std::vector<float> scatter_out_;            // scatter_bucket's reduce-scatter output
   double reshard_ms_ = 0;
+  std::size_t moved_bytes_ = 0;  // last_moved_bytes()
 };
 
 /// --shard: this member's sharded optimiser for `work`, or null with --shard none. Throws InvalidArgument

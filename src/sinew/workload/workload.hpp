@@ -126,9 +126,11 @@ class Workload {
   /// A workload without an optimiser of its own (has_optimizer() false) whose optimiser is of a kind the
   /// runtime does not know (the PyTorch integration's torch.optim optimiser): an optimiser of that kind over
   /// the elements `range` of the flat buffers, with state for them only. Null (the default): the runtime
-  /// uses its own (--optimizer) over the range.
-  [[nodiscard]] virtual std::unique_ptr<optim::Optimizer> shard_optimizer(Slice range) {
+  /// uses its own (--optimizer) over the range. `place`: how its state buffers are made.
+  [[nodiscard]] virtual std::unique_ptr<optim::Optimizer> shard_optimizer(
+      Slice range, const optim::StatePlacement& place) {
     (void)range;
+    (void)place;
     return nullptr;
   }
   /// The optimiser's state buffers by name, each as large as the parameters, in a fixed order ("momentum";
