@@ -271,6 +271,8 @@ def sinew_in_place(mode, a, fail_step, env):
                 "recovery_ms": parts["revoke+shrink+agree"] + parts["rebuild"] + parts["state sync"],
                 "lost_steps": f["step"] - f.get("resumed_step", f["step"]), "parts_ms": parts,
                 "world_after": f["world_size"],
+                # rank 0's state kept by moving its pages into the new layout instead of copying (MB)
+                "moved_mb": f.get("reshard_moved_bytes", 0) / 1e6,
                 # rank 0's loop iterations for step K: the failed one, the redo, and any the loader dropped
                 "iterations_for_step_k": back["it"] - before["it"]}
 
@@ -393,6 +395,7 @@ def main():
         if "recovery_ms" in rs[0]:
             out["modes"][m]["recovery_ms"] = statistics.median(r["recovery_ms"] for r in rs)
             out["modes"][m]["recoveries_ms"] = [r["recovery_ms"] for r in rs]
+            out["modes"][m]["moved_mb"] = [r.get("moved_mb", 0) for r in rs]
         if "event_total_ms" in rs[0]:
             out["modes"][m]["event_total_ms"] = statistics.median(r["event_total_ms"] for r in rs)
         if "iterations_for_step_k" in rs[0]:
@@ -414,7 +417,8 @@ def main():
               f"   {parts}")
         if "recovery_ms" in r:
             print(f"{'':<12} the recovery itself (detection -> state rebuilt, resharded, ready): {r['recovery_ms']:.0f} "
-                  f"ms (rounds: {', '.join(f'{v:.0f}' for v in r['recoveries_ms'])})")
+                  f"ms (rounds: {', '.join(f'{v:.0f}' for v in r['recoveries_ms'])}; rank 0 kept "
+                  f"{max(r['moved_mb']):.0f} MB of state by moving its pages)")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "shard_recovery.json"), "w") as f:
         json.dump(out, f, indent=1)
