@@ -1,5 +1,6 @@
 #include "sinew/optim/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "sinew/core/error.hpp"
@@ -18,9 +19,13 @@ void check_range(const char* opt, const char* what, float v, float lo, float hi,
 
 constexpr float kInf = HUGE_VALF;
 
-/// State buffer `k` of `n` zeros, where `place` puts it.
+/// State buffer `k` of `n` zeros, where `place` puts it. Its pages are taken now (zeros written), except for
+/// a reshard's (`overwritten`): the first step writes them anyway, and a rank whose state does not fit its
+/// memory should fail at start, where the memory check (python/sinew/memory.py) counts what is resident.
 PlacedFloats state_buffer(std::size_t n, const StatePlacement& place, std::size_t k) {
-  return {n, k < place.page_offset.size() ? place.page_offset[k] : 0};
+  PlacedFloats b(n, k < place.page_offset.size() ? place.page_offset[k] : 0);
+  if (!place.overwritten) std::fill(b.span().begin(), b.span().end(), 0.f);
+  return b;
 }
 
 }  // namespace
